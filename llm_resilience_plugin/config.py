@@ -1,0 +1,405 @@
+"""Validated configuration: the resilience policy, and a LiteLLM Router config that carries it.
+
+Everything a user can get wrong is checked here, before a request is sent, and reported as a
+:class:`ConfigError` that names the field and says how to fix it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from llm_resilience_plugin.errors import ConfigError, ErrorClass
+
+Action = Literal["retry", "failover", "fail"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+class ClassPolicy(_Model):
+    """What to do with one class of failure: retry in the group, fail over, or fail."""
+
+    action: Action
+    max_retries: int = Field(default=0, ge=0, le=20)
+    same_deployment: bool = Field(
+        default=True,
+        description="May a retry go back to the deployment that just failed (if nothing else is healthy)?",
+    )
+
+
+def _default_class_policies() -> dict[ErrorClass, ClassPolicy]:
+    return {
+        ErrorClass.RATE_LIMIT: ClassPolicy(action="retry", max_retries=2),
+        ErrorClass.SERVER: ClassPolicy(action="retry", max_retries=2),
+        ErrorClass.CONNECTION: ClassPolicy(action="retry", max_retries=2),
+        # A silent provider costs one attempt timeout; never wait on it twice in the same call.
+        ErrorClass.TIMEOUT: ClassPolicy(action="retry", max_retries=1, same_deployment=False),
+        ErrorClass.CIRCUIT_OPEN: ClassPolicy(action="failover"),
+        ErrorClass.AUTH: ClassPolicy(action="failover"),
+        ErrorClass.CONTEXT_WINDOW: ClassPolicy(action="failover"),
+        ErrorClass.CONTENT_POLICY: ClassPolicy(action="failover"),
+        ErrorClass.BAD_REQUEST: ClassPolicy(action="fail"),
+        ErrorClass.BUDGET: ClassPolicy(action="fail"),
+        ErrorClass.UNKNOWN: ClassPolicy(action="fail"),
+    }
+
+
+class BackoffPolicy(_Model):
+    """Exponential backoff with full jitter: sleep uniform(0, min(max, initial * 2**n))."""
+
+    initial: float = Field(default=0.25, gt=0, le=60)
+    maximum: float = Field(default=8.0, gt=0, le=600)
+    respect_retry_after: bool = True
+    max_retry_after: float = Field(
+        default=30.0,
+        ge=0,
+        description="A Retry-After longer than this (or than the time left) fails over at once.",
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> BackoffPolicy:
+        if self.maximum < self.initial:
+            raise ValueError("backoff.maximum must be >= backoff.initial")
+        return self
+
+
+class BreakerPolicy(_Model):
+    """Per-deployment circuit breaker settings (pybreaker semantics)."""
+
+    enabled: bool = True
+    fail_max: int = Field(default=5, ge=1, le=1000)
+    reset_timeout: float = Field(default=30.0, gt=0, le=86400)
+    success_threshold: int = Field(default=1, ge=1, le=100)
+    half_open_max_probes: int = Field(default=1, ge=1, le=100)
+
+
+class RetryBudgetPolicy(_Model):
+    """Token bucket per model group that bounds retry amplification during an outage."""
+
+    enabled: bool = True
+    capacity: float = Field(default=20.0, gt=0)
+    refund_per_success: float = Field(default=0.1, ge=0)
+    min_fraction: float = Field(
+        default=0.5, ge=0, le=1, description="No retries while tokens < capacity * min_fraction."
+    )
+
+
+class GroupPolicy(_Model):
+    """Overrides for one model group; unset fields inherit from the top-level policy."""
+
+    deadline: float | None = Field(default=None, gt=0)
+    attempt_timeout: float | None = Field(default=None, gt=0)
+    first_chunk_timeout: float | None = Field(default=None, gt=0)
+    backoff: BackoffPolicy | None = None
+    breaker: BreakerPolicy | None = None
+    retry_budget: RetryBudgetPolicy | None = None
+    classes: dict[ErrorClass, ClassPolicy] = Field(default_factory=dict)
+
+
+class ResiliencePolicy(_Model):
+    """The whole policy. Defaults are explained in README ("Policy defaults")."""
+
+    deadline: float = Field(default=60.0, gt=0, le=3600, description="Total seconds per call.")
+    attempt_timeout: float = Field(default=30.0, gt=0, le=3600, description="Seconds per attempt.")
+    first_chunk_timeout: float | None = Field(
+        default=None, gt=0, description="Streams: seconds to the first chunk (default: attempt_timeout)."
+    )
+    min_attempt_time: float = Field(
+        default=0.05, ge=0, description="Do not start an attempt with less time than this left."
+    )
+    backoff: BackoffPolicy = Field(default_factory=BackoffPolicy)
+    breaker: BreakerPolicy = Field(default_factory=BreakerPolicy)
+    retry_budget: RetryBudgetPolicy = Field(default_factory=RetryBudgetPolicy)
+    classes: dict[ErrorClass, ClassPolicy] = Field(default_factory=_default_class_policies)
+    max_fallbacks: int = Field(default=5, ge=0, le=50)
+    groups: dict[str, GroupPolicy] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _fill_classes(self) -> ResiliencePolicy:
+        merged = {**_default_class_policies(), **self.classes}
+        object.__setattr__(self, "classes", merged)
+        return self
+
+    def for_group(self, group: str) -> EffectivePolicy:
+        """The policy in force for ``group``: the group's overrides over the top-level values."""
+        g = self.groups.get(group)
+        if g is None:
+            return EffectivePolicy(
+                deadline=self.deadline,
+                attempt_timeout=self.attempt_timeout,
+                first_chunk_timeout=self.first_chunk_timeout or self.attempt_timeout,
+                min_attempt_time=self.min_attempt_time,
+                backoff=self.backoff,
+                breaker=self.breaker,
+                retry_budget=self.retry_budget,
+                classes=self.classes,
+            )
+        attempt = g.attempt_timeout or self.attempt_timeout
+        return EffectivePolicy(
+            deadline=g.deadline or self.deadline,
+            attempt_timeout=attempt,
+            first_chunk_timeout=g.first_chunk_timeout or self.first_chunk_timeout or attempt,
+            min_attempt_time=self.min_attempt_time,
+            backoff=g.backoff or self.backoff,
+            breaker=g.breaker or self.breaker,
+            retry_budget=g.retry_budget or self.retry_budget,
+            classes={**self.classes, **g.classes},
+        )
+
+
+class EffectivePolicy(_Model):
+    """A group's resolved policy (what ``llm-resilience check`` prints)."""
+
+    deadline: float
+    attempt_timeout: float
+    first_chunk_timeout: float
+    min_attempt_time: float
+    backoff: BackoffPolicy
+    breaker: BreakerPolicy
+    retry_budget: RetryBudgetPolicy
+    classes: dict[ErrorClass, ClassPolicy]
+
+
+FallbackMap = dict[str, list[str]]
+
+# Router settings this plugin owns: LiteLLM's own copies are switched off so attempts never multiply.
+OWNED_ROUTER_SETTINGS = frozenset(
+    {
+        "num_retries",
+        "retry_policy",
+        "model_group_retry_policy",
+        "allowed_fails",
+        "allowed_fails_policy",
+        "cooldown_time",
+        "disable_cooldowns",
+        "fallbacks",
+        "context_window_fallbacks",
+        "content_policy_fallbacks",
+        "default_fallbacks",
+        "retry_after",
+        "max_fallbacks",
+        "enable_weighted_failover",
+        "enable_mid_stream_fallback_continuation",
+    }
+)
+
+
+class RouterSpec(_Model):
+    """A LiteLLM Router config plus the plugin's policy, validated together."""
+
+    model_list: list[dict[str, Any]] = Field(min_length=1)
+    router_settings: dict[str, Any] = Field(default_factory=dict)
+    fallbacks: FallbackMap = Field(default_factory=dict)
+    context_window_fallbacks: FallbackMap = Field(default_factory=dict)
+    content_policy_fallbacks: FallbackMap = Field(default_factory=dict)
+    default_fallbacks: list[str] = Field(default_factory=list)
+    policy: ResiliencePolicy = Field(default_factory=ResiliencePolicy)
+
+    @property
+    def groups(self) -> list[str]:
+        """Model group names in config order."""
+        seen: dict[str, None] = {}
+        for d in self.model_list:
+            seen.setdefault(d["model_name"], None)
+        return list(seen)
+
+    @model_validator(mode="after")
+    def _check(self) -> RouterSpec:
+        for i, d in enumerate(self.model_list):
+            if not isinstance(d, Mapping):
+                raise ValueError(f"model_list[{i}] must be a mapping with model_name and litellm_params")
+            if not isinstance(d.get("model_name"), str) or not d["model_name"]:
+                raise ValueError(f"model_list[{i}].model_name is required (the model group name)")
+            params = d.get("litellm_params")
+            if not isinstance(params, Mapping) or not isinstance(params.get("model"), str):
+                raise ValueError(
+                    f"model_list[{i}].litellm_params.model is required, e.g. 'openai/gpt-4o-mini'"
+                )
+            info = d.get("model_info")
+            if info is not None and not isinstance(info, Mapping):
+                raise ValueError(f"model_list[{i}].model_info must be a mapping")
+        groups = set(self.groups)
+        known = ", ".join(sorted(groups))
+        ids = [(d.get("model_info") or {}).get("id") for d in self.model_list]
+        dup = {i for i in ids if i is not None and ids.count(i) > 1}
+        if dup:
+            raise ValueError(f"model_list: model_info.id must be unique, repeated: {sorted(dup)}")
+        for key in ("fallbacks", "context_window_fallbacks", "content_policy_fallbacks"):
+            for src, targets in getattr(self, key).items():
+                if src not in groups:
+                    raise ValueError(f"{key}: unknown model group {src!r}; known groups: {known}")
+                for t in targets:
+                    if t not in groups:
+                        raise ValueError(
+                            f"{key}.{src}: unknown fallback group {t!r}; known groups: {known}"
+                        )
+                    if t == src:
+                        raise ValueError(f"{key}.{src}: a group cannot fall back to itself")
+        for t in self.default_fallbacks:
+            if t not in groups:
+                raise ValueError(f"default_fallbacks: unknown model group {t!r}; known groups: {known}")
+        for g in self.policy.groups:
+            if g not in groups:
+                raise ValueError(f"resilience.groups: unknown model group {g!r}; known groups: {known}")
+        return self
+
+    def fallback_chain(self, group: str, error_class: ErrorClass | None) -> list[str]:
+        """Fallback groups for ``group`` after a failure of ``error_class`` (LiteLLM's key semantics)."""
+        if error_class is ErrorClass.CONTEXT_WINDOW:
+            specific = self.context_window_fallbacks.get(group)
+            if specific is not None:
+                return list(specific)
+        if error_class is ErrorClass.CONTENT_POLICY:
+            # Content policy falls back only where configured: a generic fallback would resend it.
+            return list(self.content_policy_fallbacks.get(group, []))
+        if group in self.fallbacks:
+            return list(self.fallbacks[group])
+        return [g for g in self.default_fallbacks if g != group]
+
+
+def _fallback_map(value: Any, field: str) -> FallbackMap:
+    """Accept LiteLLM's list-of-single-key-dicts form as well as a plain mapping."""
+    if value is None:
+        return {}
+    if isinstance(value, Mapping):
+        items = list(value.items())
+    elif isinstance(value, Sequence) and not isinstance(value, str):
+        items = []
+        for i, entry in enumerate(value):
+            if not isinstance(entry, Mapping):
+                raise ConfigError(
+                    f"{field}[{i}]",
+                    f"expected a mapping like {{'primary': ['backup']}}, got {type(entry).__name__}",
+                )
+            items.extend(entry.items())
+    else:
+        raise ConfigError(field, "expected a list like [{'primary': ['backup']}]")
+    out: FallbackMap = {}
+    for src, targets in items:
+        if isinstance(targets, str):
+            targets = [targets]
+        if not isinstance(targets, Sequence) or not all(isinstance(t, str) for t in targets):
+            raise ConfigError(f"{field}.{src}", "expected a list of model group names")
+        out.setdefault(str(src), []).extend(targets)
+    return out
+
+
+def _format_validation_error(err: ValidationError, prefix: str) -> ConfigError:
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"] if p != "__root__")
+    field = f"{prefix}.{loc}" if prefix and loc else (prefix or loc or "config")
+    msg = first["msg"].removeprefix("Value error, ")
+    hint = ""
+    if first["type"] == "extra_forbidden":
+        hint = " (unknown field: check the spelling against README 'Configuration')"
+    if len(err.errors()) > 1:
+        hint += f" (+{len(err.errors()) - 1} more problem(s))"
+    return ConfigError(field, msg + hint)
+
+
+def build_policy(data: Any) -> ResiliencePolicy:
+    """Validate a policy mapping (or pass a policy through)."""
+    if data is None:
+        return ResiliencePolicy()
+    if isinstance(data, ResiliencePolicy):
+        return data
+    if not isinstance(data, Mapping):
+        raise ConfigError("resilience", f"expected a mapping, got {type(data).__name__}")
+    try:
+        return ResiliencePolicy.model_validate(dict(data))
+    except ValidationError as e:
+        raise _format_validation_error(e, "resilience") from None
+
+
+def build_spec(
+    model_list: Any,
+    *,
+    router_settings: Mapping[str, Any] | None = None,
+    policy: Any = None,
+    fallbacks: Any = None,
+    context_window_fallbacks: Any = None,
+    content_policy_fallbacks: Any = None,
+    default_fallbacks: Any = None,
+) -> RouterSpec:
+    """Validate a Router config plus policy into a :class:`RouterSpec` (raises ConfigError)."""
+    settings = dict(router_settings or {})
+    if not isinstance(model_list, list) or not model_list:
+        raise ConfigError("model_list", "expected a non-empty list of deployments")
+    pol = build_policy(policy)
+    # Honour the user's LiteLLM retry/timeout settings as our defaults when the policy is silent.
+    overrides: dict[str, Any] = {}
+    if "timeout" in settings and settings["timeout"] is not None:
+        t = settings["timeout"]
+        if not isinstance(t, int | float) or isinstance(t, bool) or t <= 0 or math.isnan(t):
+            raise ConfigError("router_settings.timeout", "must be a positive number of seconds")
+        if policy is None or "attempt_timeout" not in (policy if isinstance(policy, Mapping) else {}):
+            overrides["attempt_timeout"] = float(t)
+    if overrides:
+        pol = pol.model_copy(update=overrides)
+    fb = _fallback_map(fallbacks if fallbacks is not None else settings.get("fallbacks"), "fallbacks")
+    cw = _fallback_map(
+        context_window_fallbacks
+        if context_window_fallbacks is not None
+        else settings.get("context_window_fallbacks"),
+        "context_window_fallbacks",
+    )
+    cp = _fallback_map(
+        content_policy_fallbacks
+        if content_policy_fallbacks is not None
+        else settings.get("content_policy_fallbacks"),
+        "content_policy_fallbacks",
+    )
+    dfb = default_fallbacks if default_fallbacks is not None else settings.get("default_fallbacks")
+    if dfb is not None and (
+        not isinstance(dfb, list) or not all(isinstance(x, str) for x in dfb)
+    ):
+        raise ConfigError("default_fallbacks", "expected a list of model group names")
+    passthrough = {k: v for k, v in settings.items() if k not in OWNED_ROUTER_SETTINGS}
+    try:
+        return RouterSpec(
+            model_list=model_list,
+            router_settings=passthrough,
+            fallbacks=fb,
+            context_window_fallbacks=cw,
+            content_policy_fallbacks=cp,
+            default_fallbacks=list(dfb or []),
+            policy=pol,
+        )
+    except ValidationError as e:
+        raise _format_validation_error(e, "") from None
+
+
+def load_config(path: str | Path) -> RouterSpec:
+    """Read a LiteLLM proxy-style YAML (``model_list``, ``router_settings``, ``resilience``)."""
+    p = Path(path)
+    try:
+        raw = yaml.safe_load(p.read_text())
+    except FileNotFoundError:
+        raise ConfigError("path", f"config file not found: {p}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError("path", f"{p} is not valid YAML: {e}") from None
+    return spec_from_mapping(raw, source=str(p))
+
+
+def spec_from_mapping(raw: Any, source: str = "config") -> RouterSpec:
+    """Validate a parsed config mapping (the YAML's top level)."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError(source, "the top level must be a mapping with model_list")
+    unknown = set(raw) - {"model_list", "router_settings", "resilience", "litellm_settings",
+                          "general_settings", "environment_variables"}
+    if unknown:
+        raise ConfigError(
+            ", ".join(sorted(unknown)),
+            "unknown top-level key(s); expected model_list, router_settings, resilience",
+        )
+    settings = raw.get("router_settings") or {}
+    if not isinstance(settings, Mapping):
+        raise ConfigError("router_settings", "expected a mapping")
+    return build_spec(raw.get("model_list"), router_settings=settings, policy=raw.get("resilience"))

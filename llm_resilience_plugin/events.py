@@ -1,0 +1,176 @@
+"""Structured records: one per attempt, one per call, one per breaker transition and retry.
+
+Records are plain frozen dataclasses with ``to_dict()`` (JSON-safe, no secrets, no message
+content). Listeners subscribe on the router; the ``llm_resilience`` logger gets every record too.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from llm_resilience_plugin.breakers import BreakerTransition
+from llm_resilience_plugin.errors import ErrorClass
+
+logger = logging.getLogger("llm_resilience")
+
+Outcome = Literal["success", "failure", "cancelled", "skipped"]
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptRecord:
+    """One attempt (or one skipped route) of a logical call."""
+
+    call_id: str
+    attempt: int
+    model_group: str
+    deployment_id: str | None
+    fallback_level: int
+    outcome: Outcome
+    error_class: ErrorClass | None
+    status: int | None
+    error_message: str | None
+    started_at: float
+    latency_s: float
+    wait_before_s: float
+    breaker_state: str | None = None
+    ttft_s: float | None = None
+    probe: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["error_class"] = str(self.error_class) if self.error_class else None
+        return d
+
+
+@dataclass(frozen=True, slots=True)
+class RetryScheduled:
+    """The router is about to sleep before retrying in the same model group."""
+
+    call_id: str
+    model_group: str
+    retry_number: int
+    sleep_s: float
+    error_class: ErrorClass
+    deployment_id: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["error_class"] = str(self.error_class)
+        return d
+
+
+@dataclass(frozen=True, slots=True)
+class FallbackTaken:
+    """The call moved to another model group."""
+
+    call_id: str
+    from_group: str
+    to_group: str
+    fallback_level: int
+    reason: ErrorClass
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["reason"] = str(self.reason)
+        return d
+
+
+@dataclass(slots=True)
+class CallReport:
+    """What happened in one logical call; reach it with :func:`llm_resilience_plugin.get_report`."""
+
+    call_id: str
+    requested_group: str
+    stream: bool
+    started_at: float
+    attempts: list[AttemptRecord] = field(default_factory=list)
+    served_group: str | None = None
+    deployment_id: str | None = None
+    served_model: str | None = None
+    fallback_level: int = 0
+    outcome: Outcome | None = None
+    error_class: ErrorClass | None = None
+    total_latency_s: float = 0.0
+    ttft_s: float | None = None
+    usage: dict[str, int] | None = None
+    response_cost: float | None = None
+    idempotency_key: str | None = None
+
+    @property
+    def upstream_requests(self) -> int:
+        """Attempts that sent a request (skipped routes sent nothing)."""
+        return sum(1 for a in self.attempts if a.outcome != "skipped")
+
+    @property
+    def retries(self) -> int:
+        return max(0, self.upstream_requests - 1)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "call_id": self.call_id,
+            "requested_group": self.requested_group,
+            "stream": self.stream,
+            "served_group": self.served_group,
+            "deployment_id": self.deployment_id,
+            "served_model": self.served_model,
+            "fallback_level": self.fallback_level,
+            "outcome": self.outcome,
+            "error_class": str(self.error_class) if self.error_class else None,
+            "total_latency_s": self.total_latency_s,
+            "ttft_s": self.ttft_s,
+            "upstream_requests": self.upstream_requests,
+            "usage": self.usage,
+            "response_cost": self.response_cost,
+            "idempotency_key": self.idempotency_key,
+            "attempts": [a.to_dict() for a in self.attempts],
+        }
+
+
+Event = AttemptRecord | RetryScheduled | FallbackTaken | BreakerTransition | CallReport
+Listener = Callable[[Event], None]
+
+_EVENT_NAMES: dict[type, str] = {
+    AttemptRecord: "attempt",
+    RetryScheduled: "retry",
+    FallbackTaken: "fallback",
+    BreakerTransition: "breaker",
+    CallReport: "call",
+}
+
+
+def event_name(event: Event) -> str:
+    return _EVENT_NAMES[type(event)]
+
+
+def event_dict(event: Event) -> dict[str, Any]:
+    if isinstance(event, BreakerTransition):
+        return asdict(event)
+    return event.to_dict()
+
+
+class EventBus:
+    """Fan-out of records to listeners; a failing listener is logged, never raised into a call."""
+
+    def __init__(self) -> None:
+        self._listeners: list[Listener] = []
+
+    def subscribe(self, listener: Listener) -> Callable[[], None]:
+        """Add ``listener``; returns a function that removes it."""
+        self._listeners = [*self._listeners, listener]
+
+        def unsubscribe() -> None:
+            self._listeners = [x for x in self._listeners if x is not listener]
+
+        return unsubscribe
+
+    def emit(self, event: Event) -> None:
+        for listener in self._listeners:
+            try:
+                listener(event)
+            except Exception:
+                logger.exception("llm_resilience event listener failed")
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug(event_name(event), extra={"llm_event": event_dict(event), "llm_event_name": event_name(event)})

@@ -1,0 +1,198 @@
+"""The retry policy: tenacity predicates, full-jitter waits that honour Retry-After, the retry
+budget, the deadline, and the clock they all read.
+
+A fresh tenacity ``AsyncRetrying`` is built per call and model group (tenacity keeps attempt state
+on the instance, so sharing one across concurrent calls corrupts it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import tenacity
+
+from llm_resilience_plugin.config import BackoffPolicy, EffectivePolicy, RetryBudgetPolicy
+from llm_resilience_plugin.errors import ErrorClass, Failure
+
+
+class Clock:
+    """Real time. Subclass (see :class:`FakeClock`) to test without sleeping."""
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def wall(self) -> float:
+        return time.time()
+
+    async def sleep(self, seconds: float) -> None:
+        if seconds > 0:
+            await asyncio.sleep(seconds)
+
+
+class FakeClock(Clock):
+    """Real time plus an offset that :meth:`sleep` advances instantly: retry waits cost nothing,
+    while real I/O (the simulator, timeouts) still takes the time it takes."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+        self.slept: list[float] = []
+        self._lock = threading.Lock()
+
+    def advance(self, seconds: float) -> None:
+        with self._lock:
+            self.offset += seconds
+
+    def monotonic(self) -> float:
+        return time.monotonic() + self.offset
+
+    def wall(self) -> float:
+        return time.time() + self.offset
+
+    async def sleep(self, seconds: float) -> None:
+        with self._lock:
+            self.slept.append(seconds)
+            self.offset += max(0.0, seconds)
+        await asyncio.sleep(0)
+
+
+@dataclass(slots=True)
+class Deadline:
+    """One absolute deadline for a whole call: every attempt, sleep and fallback fits inside."""
+
+    clock: Clock
+    expires_at: float
+
+    @classmethod
+    def after(cls, clock: Clock, seconds: float) -> Deadline:
+        return cls(clock, clock.monotonic() + seconds)
+
+    def remaining(self) -> float:
+        return max(0.0, self.expires_at - self.clock.monotonic())
+
+    @property
+    def expired(self) -> bool:
+        return self.remaining() <= 0.0
+
+
+class RetryBudget:
+    """Token bucket per model group: a failure spends a token, a success refunds a fraction, and
+    retries stop while the bucket is below ``min_fraction`` of its capacity. First attempts and
+    fallbacks to other groups are never refused: the budget only bounds amplification."""
+
+    def __init__(self, policy: RetryBudgetPolicy) -> None:
+        self.policy = policy
+        self._tokens = policy.capacity
+        self._lock = threading.Lock()
+
+    @property
+    def tokens(self) -> float:
+        return self._tokens
+
+    def on_failure(self) -> None:
+        with self._lock:
+            self._tokens = max(0.0, self._tokens - 1.0)
+
+    def on_success(self) -> None:
+        with self._lock:
+            self._tokens = min(self.policy.capacity, self._tokens + self.policy.refund_per_success)
+
+    def allows_retry(self) -> bool:
+        if not self.policy.enabled:
+            return True
+        return self._tokens >= self.policy.capacity * self.policy.min_fraction
+
+
+class AttemptFailed(Exception):
+    """Raised by one attempt so tenacity sees the already-classified failure."""
+
+    def __init__(self, failure: Failure, deployment_id: str | None) -> None:
+        super().__init__(failure.message)
+        self.failure = failure
+        self.deployment_id = deployment_id
+
+
+def backoff_delay(backoff: BackoffPolicy, retry_number: int, rng: random.Random) -> float:
+    """Full jitter (AWS architecture blog): uniform(0, min(maximum, initial * 2**(n-1)))."""
+    cap = min(backoff.maximum, backoff.initial * (2 ** max(0, retry_number - 1)))
+    return rng.uniform(0.0, cap)
+
+
+@dataclass(slots=True)
+class GroupRetryState:
+    """What the predicates of one group's retry loop consult."""
+
+    policy: EffectivePolicy
+    budget: RetryBudget
+    deadline: Deadline
+    rng: random.Random
+    # Seconds until a deployment of the group can be tried without a Retry-After hold; 0 if now.
+    earliest_free: Callable[[], float]
+    retries_by_class: dict[ErrorClass, int] = field(default_factory=dict)
+    gave_up_reason: str | None = None
+
+    def should_retry(self, exc: BaseException) -> bool:
+        if not isinstance(exc, AttemptFailed):
+            return False
+        f = exc.failure
+        cp = self.policy.classes[f.error_class]
+        if cp.action != "retry":
+            self.gave_up_reason = f"{f.error_class} is not retried ({cp.action})"
+            return False
+        used = self.retries_by_class.get(f.error_class, 0)
+        if used >= cp.max_retries:
+            self.gave_up_reason = f"{f.error_class}: {cp.max_retries} retries used"
+            return False
+        if not self.budget.allows_retry():
+            self.gave_up_reason = "retry budget exhausted"
+            return False
+        self.retries_by_class[f.error_class] = used + 1
+        return True
+
+    def wait(self, retry_state: tenacity.RetryCallState) -> float:
+        exc = retry_state.outcome.exception() if retry_state.outcome else None
+        retry_number = retry_state.attempt_number
+        delay = backoff_delay(self.policy.backoff, retry_number, self.rng)
+        if isinstance(exc, AttemptFailed) and self.policy.backoff.respect_retry_after:
+            ra = exc.failure.retry_after
+            # The hold applies to the deployment that sent it; wait only if nothing else is free.
+            free_in = self.earliest_free()
+            if ra is not None and free_in > 0:
+                delay = max(delay, min(ra, free_in))
+        return delay
+
+    def stop(self, retry_state: tenacity.RetryCallState) -> bool:
+        upcoming = retry_state.upcoming_sleep or 0.0
+        exc = retry_state.outcome.exception() if retry_state.outcome else None
+        if (
+            isinstance(exc, AttemptFailed)
+            and exc.failure.retry_after is not None
+            and exc.failure.retry_after > self.policy.backoff.max_retry_after
+            and self.earliest_free() > 0
+        ):
+            self.gave_up_reason = "Retry-After longer than max_retry_after: failing over"
+            return True
+        if upcoming + self.policy.min_attempt_time > self.deadline.remaining():
+            self.gave_up_reason = "no time left for another attempt: failing over"
+            return True
+        return False
+
+
+def build_retrying(
+    state: GroupRetryState,
+    clock: Clock,
+    before_sleep: Callable[[tenacity.RetryCallState], Awaitable[None] | None] | None = None,
+) -> tenacity.AsyncRetrying:
+    """A fresh tenacity loop for one call on one model group."""
+    return tenacity.AsyncRetrying(
+        retry=tenacity.retry_if_exception(state.should_retry),
+        wait=state.wait,
+        stop=state.stop,
+        sleep=clock.sleep,
+        before_sleep=before_sleep,
+        reraise=True,
+    )

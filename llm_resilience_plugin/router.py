@@ -1,0 +1,1056 @@
+"""ResilientRouter: one attempt loop over LiteLLM's Router.
+
+The plugin owns every retry, fallback and cooldown decision; the wrapped ``litellm.Router`` makes
+exactly one attempt per call (``num_retries=0``, no fallbacks, cooldowns off) on a deployment that
+LiteLLM's own routing strategy picks among the ones this plugin admits (a deployment filter).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import itertools
+import random
+import threading
+import uuid
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import litellm
+import tenacity
+from litellm.integrations.custom_logger import CustomLogger
+
+from llm_resilience_plugin._env import allow_loopback
+from llm_resilience_plugin.breakers import Admission, BreakerRegistry, DeploymentBreaker
+from llm_resilience_plugin.config import (
+    EffectivePolicy,
+    ResiliencePolicy,
+    RouterSpec,
+    build_spec,
+    load_config,
+    spec_from_mapping,
+)
+from llm_resilience_plugin.errors import (
+    AllRoutesFailedError,
+    CircuitOpenError,
+    DeadlineExceededError,
+    ErrorClass,
+    Failure,
+    StreamInterruptedError,
+    UnknownModelGroupError,
+    classify,
+)
+from llm_resilience_plugin.events import (
+    AttemptRecord,
+    CallReport,
+    Event,
+    EventBus,
+    FallbackTaken,
+    Listener,
+    RetryScheduled,
+)
+from llm_resilience_plugin.retry import (
+    AttemptFailed,
+    Clock,
+    Deadline,
+    GroupRetryState,
+    RetryBudget,
+    build_retrying,
+)
+
+_META_KEY = "_llm_resilience_attempt"
+REPORT_KEY = "llm_resilience_report"
+
+BeforeRetry = Callable[[tenacity.RetryCallState], Awaitable[None] | None]
+
+
+@dataclass(frozen=True, slots=True)
+class DeploymentInfo:
+    """What the plugin knows of one deployment (never its API key)."""
+
+    id: str
+    model_group: str
+    model: str
+    api_base: str | None
+
+
+# -- per-attempt context, shared with the process-wide LiteLLM hooks ------------------------------
+
+
+@dataclass(slots=True)
+class _AttemptContext:
+    router: ResilientRouter
+    call: _CallContext
+    group: str
+    admission: Admission | None = None
+    generations: dict[str, int] = field(default_factory=dict)
+    picked: str | None = None
+    sent: bool = False
+
+    def select(self, healthy: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Choose which of LiteLLM's candidates may be picked (the deployment filter)."""
+        if self.admission is not None:  # LiteLLM asked twice for one attempt: keep the ticket
+            kept = [d for d in healthy if _dep_id(d) == self.admission.deployment_id]
+            if kept:
+                return kept
+        breakers = self.router._breakers
+        call = self.call
+        now = self.router._clock.wall()
+        preferred: list[dict[str, Any]] = []
+        fallback: list[dict[str, Any]] = []
+        probes: list[tuple[DeploymentBreaker, dict[str, Any]]] = []
+        blocked: list[str] = []
+        for d in healthy:
+            dep = _dep_id(d)
+            b = breakers.get(dep)
+            if b is None:
+                preferred.append(d)
+                continue
+            if dep in call.never_again:
+                blocked.append(dep)
+                continue
+            state = b.state
+            if state != "closed":
+                if b.could_admit(now) and dep not in call.failed:
+                    probes.append((b, d))
+                else:
+                    blocked.append(dep)
+                continue
+            if dep in call.failed or b.held_for(now) > 0:
+                fallback.append(d)
+            else:
+                preferred.append(d)
+        # A recovering deployment gets its probe first, so it is tested promptly.
+        for b, d in probes:
+            adm = b.admit()
+            if adm is not None:
+                self.admission = adm
+                self.picked = b.deployment_id
+                return [d]
+        pool = preferred or fallback
+        if not pool:
+            raise CircuitOpenError(self.group, blocked or [_dep_id(d) for d in healthy])
+        for d in pool:
+            dep = _dep_id(d)
+            b = breakers.get(dep)
+            if b is not None:
+                self.generations[dep] = b.generation
+        if len(pool) == 1:
+            self._pick(_dep_id(pool[0]))
+        return pool
+
+    def _pick(self, dep: str) -> None:
+        if self.picked is not None and self.admission is not None:
+            return
+        self.picked = dep
+        gen = self.generations.get(dep)
+        if gen is not None:
+            self.admission = Admission(dep, gen, probe=False)
+
+
+def _dep_id(d: Mapping[str, Any]) -> str:
+    return str((d.get("model_info") or {}).get("id"))
+
+
+_ATTEMPTS: dict[str, _AttemptContext] = {}
+_ATTEMPT_IDS = itertools.count()
+
+
+class _RoutingHook(CustomLogger):
+    """Process-wide LiteLLM hook: runs the plugin's deployment filter on every pick and learns
+    which deployment LiteLLM picked before the request is sent. Requests that do not come from a
+    ResilientRouter pass through untouched."""
+
+    async def async_filter_deployments(  # type: ignore[override]
+        self,
+        model: str,
+        healthy_deployments: list[dict[str, Any]],
+        messages: Any,
+        request_kwargs: dict[str, Any] | None = None,
+        parent_otel_span: Any = None,
+    ) -> list[dict[str, Any]]:
+        token = ((request_kwargs or {}).get("metadata") or {}).get(_META_KEY)
+        ctx = _ATTEMPTS.get(token) if token is not None else None
+        if ctx is None:
+            return healthy_deployments
+        return ctx.select(healthy_deployments)
+
+    def log_pre_api_call(self, model: Any, messages: Any, kwargs: dict[str, Any]) -> None:
+        params = kwargs.get("litellm_params") or {}
+        md = params.get("metadata") or {}
+        token = md.get(_META_KEY)
+        ctx = _ATTEMPTS.get(token) if token is not None else None
+        if ctx is None:
+            return
+        dep = (md.get("model_info") or {}).get("id") or kwargs.get("model_id")
+        if dep is not None:
+            ctx._pick(str(dep))
+        ctx.sent = True
+
+
+_HOOK = _RoutingHook()
+_HOOK_LOCK = threading.Lock()
+
+
+def _install_hook() -> None:
+    with _HOOK_LOCK:
+        if not any(cb is _HOOK for cb in litellm.callbacks):
+            litellm.callbacks.append(_HOOK)
+        if not any(cb is _HOOK for cb in litellm.input_callback):
+            litellm.input_callback.append(_HOOK)
+
+
+# -- per-call context -----------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _CallContext:
+    call_id: str
+    report: CallReport
+    deadline: Deadline
+    stream: bool
+    listener: Listener | None
+    before_retry: BeforeRetry | None
+    failed: set[str] = field(default_factory=set)
+    never_again: set[str] = field(default_factory=set)
+    attempt_no: int = 0
+    next_wait: float = 0.0
+    failures: list[Failure] = field(default_factory=list)
+
+
+class _SyncRunner:
+    """A private event loop on a daemon thread, so sync calls run the same async attempt loop."""
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lock = threading.Lock()
+
+    def loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None or self._loop.is_closed():
+                loop = asyncio.new_event_loop()
+                t = threading.Thread(target=loop.run_forever, name="llm-resilience-sync", daemon=True)
+                t.start()
+                self._loop = loop
+            return self._loop
+
+    def run(self, coro: Awaitable[Any]) -> Any:
+        fut = asyncio.run_coroutine_threadsafe(coro, self.loop())  # type: ignore[arg-type]
+        try:
+            return fut.result()
+        except BaseException:
+            fut.cancel()
+            raise
+
+    def close(self) -> None:
+        with self._lock:
+            loop, self._loop = self._loop, None
+        if loop is not None:
+            loop.call_soon_threadsafe(loop.stop)
+
+
+class ResilientRouter:
+    """LiteLLM's Router with tenacity retries, per-deployment breakers, fallbacks and deadlines.
+
+    Build it from the same arguments as ``litellm.Router`` (``model_list``, ``fallbacks``,
+    ``routing_strategy``, ...) plus ``policy``; or :meth:`from_config` a LiteLLM proxy YAML.
+    """
+
+    def __init__(
+        self,
+        model_list: list[dict[str, Any]],
+        *,
+        policy: ResiliencePolicy | Mapping[str, Any] | None = None,
+        fallbacks: Any = None,
+        context_window_fallbacks: Any = None,
+        content_policy_fallbacks: Any = None,
+        default_fallbacks: Any = None,
+        router_settings: Mapping[str, Any] | None = None,
+        clock: Clock | None = None,
+        seed: int | None = None,
+        **litellm_router_kwargs: Any,
+    ) -> None:
+        spec = build_spec(
+            model_list,
+            router_settings={**litellm_router_kwargs, **(router_settings or {})},
+            policy=policy,
+            fallbacks=fallbacks,
+            context_window_fallbacks=context_window_fallbacks,
+            content_policy_fallbacks=content_policy_fallbacks,
+            default_fallbacks=default_fallbacks,
+        )
+        self._init_from_spec(spec, clock=clock, seed=seed)
+
+    @classmethod
+    def from_spec(
+        cls, spec: RouterSpec, *, clock: Clock | None = None, seed: int | None = None
+    ) -> ResilientRouter:
+        self = cls.__new__(cls)
+        self._init_from_spec(spec, clock=clock, seed=seed)
+        return self
+
+    @classmethod
+    def from_config(
+        cls,
+        config: str | Path | Mapping[str, Any],
+        *,
+        clock: Clock | None = None,
+        seed: int | None = None,
+    ) -> ResilientRouter:
+        """From a LiteLLM proxy-style YAML path (or its parsed mapping) with a ``resilience:`` section."""
+        spec = spec_from_mapping(config) if isinstance(config, Mapping) else load_config(config)
+        return cls.from_spec(spec, clock=clock, seed=seed)
+
+    def _init_from_spec(self, spec: RouterSpec, *, clock: Clock | None, seed: int | None) -> None:
+        allow_loopback()
+        self.spec = spec
+        self.policy = spec.policy
+        self._clock = clock or Clock()
+        self._rng = random.Random(seed)
+        self._rng_lock = threading.Lock()
+        self.events = EventBus()
+        self._router = litellm.Router(
+            model_list=copy.deepcopy(spec.model_list),
+            **spec.router_settings,
+            num_retries=0,
+            disable_cooldowns=True,
+            fallbacks=[],
+            context_window_fallbacks=[],
+            content_policy_fallbacks=[],
+            default_fallbacks=None,
+            retry_after=0,
+        )
+        self._deployments: dict[str, DeploymentInfo] = {}
+        self._group_deployments: dict[str, list[str]] = {}
+        for d in self._router.registry().all():
+            info = DeploymentInfo(
+                id=_dep_id(d),
+                model_group=d["model_name"],
+                model=d["litellm_params"]["model"],
+                api_base=d["litellm_params"].get("api_base"),
+            )
+            self._deployments[info.id] = info
+            self._group_deployments.setdefault(info.model_group, []).append(info.id)
+        self._breakers = BreakerRegistry()
+        for info in self._deployments.values():
+            self._breakers.add(
+                DeploymentBreaker(
+                    info.id,
+                    info.model_group,
+                    self.policy.for_group(info.model_group).breaker,
+                    clock=self._clock.wall,
+                    on_transition=self.events.emit,
+                )
+            )
+        self._budgets = {
+            g: RetryBudget(self.policy.for_group(g).retry_budget) for g in self._group_deployments
+        }
+        self._policies = {g: self.policy.for_group(g) for g in self._group_deployments}
+        self._sync = _SyncRunner()
+        _install_hook()
+        weakref.finalize(self, self._sync.close)
+
+    # -- introspection ---------------------------------------------------------------------------
+
+    @property
+    def litellm_router(self) -> litellm.Router:
+        """The wrapped ``litellm.Router`` (its retries, fallbacks and cooldowns are off)."""
+        return self._router
+
+    @property
+    def model_groups(self) -> list[str]:
+        return list(self._group_deployments)
+
+    def deployments(self, group: str | None = None) -> list[DeploymentInfo]:
+        if group is None:
+            return list(self._deployments.values())
+        return [self._deployments[i] for i in self._group_deployments.get(group, [])]
+
+    def breakers(self) -> dict[str, dict[str, Any]]:
+        """State per deployment id: state, fail_counter, generation, probes in flight, retry_at."""
+        return self._breakers.snapshot()
+
+    def breaker(self, deployment_id: str) -> DeploymentBreaker:
+        return self._breakers[deployment_id]
+
+    def retry_budget(self, group: str) -> RetryBudget:
+        return self._budgets[group]
+
+    def effective_policy(self, group: str) -> EffectivePolicy:
+        self._check_group(group)
+        return self._policies[group]
+
+    def subscribe(self, listener: Listener) -> Callable[[], None]:
+        """Receive every event (attempts, retries, fallbacks, breaker transitions, calls)."""
+        return self.events.subscribe(listener)
+
+    def _check_group(self, group: str) -> None:
+        if not isinstance(group, str):
+            raise UnknownModelGroupError(repr(group), self.model_groups)
+        if group not in self._group_deployments:
+            raise UnknownModelGroupError(group, self.model_groups)
+
+    # -- public calls ----------------------------------------------------------------------------
+
+    async def acompletion(
+        self,
+        model: str,
+        messages: list[dict[str, Any]],
+        *,
+        stream: bool = False,
+        deadline: float | None = None,
+        listener: Listener | None = None,
+        before_retry: BeforeRetry | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Like ``litellm.Router.acompletion``; streams return a :class:`ResilientStream`.
+
+        ``deadline`` (seconds) overrides the policy's total deadline for this call. ``listener``
+        gets this call's events; ``before_retry`` is awaited before each retry sleep.
+        """
+        ctx = self._new_call(model, messages, stream, deadline, listener, before_retry, kwargs)
+        if stream:
+            return await self._stream(ctx, model, messages, kwargs)
+        return await self._run(ctx, model, messages, kwargs)
+
+    def completion(
+        self,
+        model: str,
+        messages: list[dict[str, Any]],
+        *,
+        stream: bool = False,
+        deadline: float | None = None,
+        listener: Listener | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Blocking twin of :meth:`acompletion`, safe from any thread."""
+        ctx = self._new_call(model, messages, stream, deadline, listener, None, kwargs)
+        if stream:
+            astream = self._sync.run(self._stream(ctx, model, messages, kwargs))
+            return SyncResilientStream(astream, self._sync)
+        return self._sync.run(self._run(ctx, model, messages, kwargs))
+
+    def close(self) -> None:
+        """Stop the private loop used by sync calls."""
+        self._sync.close()
+
+    # -- the loop --------------------------------------------------------------------------------
+
+    def _new_call(
+        self,
+        model: str,
+        messages: Any,
+        stream: bool,
+        deadline: float | None,
+        listener: Listener | None,
+        before_retry: BeforeRetry | None,
+        kwargs: Mapping[str, Any],
+    ) -> _CallContext:
+        self._check_group(model)
+        if not isinstance(messages, list) or not messages:
+            from llm_resilience_plugin.errors import ConfigError
+
+            raise ConfigError("messages", "expected a non-empty list of chat messages")
+        if deadline is not None and (not isinstance(deadline, int | float) or deadline <= 0):
+            from llm_resilience_plugin.errors import ConfigError
+
+            raise ConfigError("deadline", "must be a positive number of seconds")
+        call_id = uuid.uuid4().hex[:16]
+        pol = self._policies[model]
+        report = CallReport(
+            call_id=call_id,
+            requested_group=model,
+            stream=stream,
+            started_at=self._clock.wall(),
+            idempotency_key=kwargs.get("idempotency_key"),
+        )
+        return _CallContext(
+            call_id=call_id,
+            report=report,
+            deadline=Deadline.after(self._clock, deadline or pol.deadline),
+            stream=stream,
+            listener=listener,
+            before_retry=before_retry,
+        )
+
+    def _emit(self, ctx: _CallContext, event: Event) -> None:
+        self.events.emit(event)
+        if ctx.listener is not None:
+            try:
+                ctx.listener(event)
+            except Exception:  # a listener never breaks a call
+                import logging
+
+                logging.getLogger("llm_resilience").exception("call listener failed")
+
+    async def _run(
+        self, ctx: _CallContext, group: str, messages: list[dict[str, Any]], kwargs: dict[str, Any]
+    ) -> Any:
+        return await self._walk_routes(ctx, group, messages, kwargs)
+
+    async def _walk_routes(
+        self, ctx: _CallContext, requested: str, messages: list[dict[str, Any]], kwargs: dict[str, Any]
+    ) -> Any:
+        group = requested
+        level = 0
+        tried = [requested]
+        while True:
+            try:
+                result = await self._run_group(ctx, group, level, messages, kwargs)
+            except AttemptFailed as af:
+                failure = af.failure
+                nxt = self._next_route(ctx, requested, failure, tried)
+                if nxt is None:
+                    self._finish(ctx, None, failure)
+                    err = self._final_error(ctx)
+                    raise err from err.__cause__
+                self._emit(ctx, FallbackTaken(ctx.call_id, group, nxt, level + 1, failure.error_class))
+                tried.append(nxt)
+                group = nxt
+                level += 1
+                continue
+            self._finish(ctx, result, None, group=group, level=level)
+            return result
+
+    def _next_route(
+        self, ctx: _CallContext, requested: str, failure: Failure, tried: list[str]
+    ) -> str | None:
+        action = self._policies[requested].classes[failure.error_class].action
+        if action == "fail":
+            return None
+        if ctx.deadline.remaining() <= self.policy.min_attempt_time:
+            return None
+        if len(tried) - 1 >= self.policy.max_fallbacks:
+            return None
+        for g in self.spec.fallback_chain(requested, failure.error_class):
+            if g not in tried:
+                return g
+        return None
+
+    def _finish(
+        self,
+        ctx: _CallContext,
+        result: Any,
+        failure: Failure | None,
+        *,
+        group: str | None = None,
+        level: int = 0,
+    ) -> None:
+        r = ctx.report
+        r.total_latency_s = self._clock.wall() - r.started_at
+        if failure is not None:
+            r.outcome = "failure"
+            r.error_class = failure.error_class
+        else:
+            r.outcome = "success"
+            r.served_group = group
+            r.fallback_level = level
+            last = next((a for a in reversed(r.attempts) if a.outcome == "success"), None)
+            r.deployment_id = last.deployment_id if last else None
+            if result is not None and not isinstance(result, ResilientStream):
+                _fill_from_response(r, result)
+                _attach_report(result, r)
+        if not ctx.stream or failure is not None:
+            self._emit(ctx, r)
+
+    def _final_error(self, ctx: _CallContext) -> BaseException:
+        """The most informative error: a non-retryable provider error as itself, otherwise one
+        error listing every attempt, chained to the first root cause."""
+        failures = ctx.failures
+        report = ctx.report
+        for f in failures:
+            if f.error_class in (
+                ErrorClass.BAD_REQUEST,
+                ErrorClass.CONTEXT_WINDOW,
+                ErrorClass.CONTENT_POLICY,
+                ErrorClass.BUDGET,
+                ErrorClass.UNKNOWN,
+            ):
+                _attach_report(f.exception, report)
+                return f.exception
+        root = next((f for f in failures if f.error_class is not ErrorClass.CIRCUIT_OPEN), None)
+        root = root or (failures[0] if failures else None)
+        n = report.upstream_requests
+        if ctx.deadline.remaining() <= self.policy.min_attempt_time and failures:
+            err: AllRoutesFailedError = DeadlineExceededError(
+                f"deadline exceeded after {n} request(s) for {report.requested_group!r}",
+                report.attempts,
+                report,
+            )
+        else:
+            err = AllRoutesFailedError(
+                f"all routes failed for {report.requested_group!r} after {n} request(s)",
+                report.attempts,
+                report,
+            )
+        if root is not None:
+            err.__cause__ = root.exception
+        return err
+
+    async def _run_group(
+        self,
+        ctx: _CallContext,
+        group: str,
+        level: int,
+        messages: list[dict[str, Any]],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        pol = self._policies[group]
+        state = GroupRetryState(
+            policy=pol,
+            budget=self._budgets[group],
+            deadline=ctx.deadline,
+            rng=self._rng,
+            earliest_free=lambda: self._earliest_free(ctx, group),
+        )
+        ctx.next_wait = 0.0
+
+        async def before_sleep(rs: tenacity.RetryCallState) -> None:
+            exc = rs.outcome.exception() if rs.outcome else None
+            sleep_s = rs.upcoming_sleep or 0.0
+            ctx.next_wait = sleep_s
+            if isinstance(exc, AttemptFailed):
+                self._emit(
+                    ctx,
+                    RetryScheduled(
+                        ctx.call_id, group, rs.attempt_number, sleep_s,
+                        exc.failure.error_class, exc.deployment_id,
+                    ),
+                )
+            if ctx.before_retry is not None:
+                maybe = ctx.before_retry(rs)
+                if maybe is not None:
+                    await maybe
+
+        retrying = build_retrying(state, self._clock, before_sleep)
+        async for attempt in retrying:
+            with attempt:
+                return await self._attempt(ctx, group, level, messages, kwargs)
+        raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
+
+    def _earliest_free(self, ctx: _CallContext, group: str) -> float:
+        now = self._clock.wall()
+        waits = [
+            self._breakers[d].held_for(now)
+            for d in self._group_deployments[group]
+            if d not in ctx.never_again and self._breakers[d].could_admit(now)
+        ]
+        return min(waits) if waits else 0.0
+
+    def _attempt_kwargs(
+        self, ctx: _CallContext, actx_token: str, timeout: float, kwargs: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        out = {k: v for k, v in kwargs.items() if k not in ("idempotency_key", "metadata")}
+        md = dict(kwargs.get("metadata") or {})
+        md[_META_KEY] = actx_token
+        out["metadata"] = md
+        out["timeout"] = timeout
+        if ctx.stream:
+            out["stream"] = True
+            opts = dict(out.get("stream_options") or {})
+            opts.setdefault("include_usage", True)
+            out["stream_options"] = opts
+        return out
+
+    async def _attempt(
+        self,
+        ctx: _CallContext,
+        group: str,
+        level: int,
+        messages: list[dict[str, Any]],
+        kwargs: Mapping[str, Any],
+    ) -> Any:
+        pol = self._policies[group]
+        ctx.attempt_no += 1
+        wait_before, ctx.next_wait = ctx.next_wait, 0.0
+        remaining = ctx.deadline.remaining()
+        started_wall = self._clock.wall()
+        if remaining <= pol.min_attempt_time:
+            failure = Failure(
+                ErrorClass.TIMEOUT, None, "call deadline exhausted before the attempt", None,
+                TimeoutError("call deadline exhausted"),
+            )
+            self._record(ctx, group, level, None, failure, started_wall, 0.0, wait_before, "skipped")
+            raise AttemptFailed(failure, None)
+        timeout = min(pol.first_chunk_timeout if ctx.stream else pol.attempt_timeout, remaining)
+        actx = _AttemptContext(router=self, call=ctx, group=group)
+        token = f"{id(self)}:{ctx.call_id}:{next(_ATTEMPT_IDS)}"
+        _ATTEMPTS[token] = actx
+        t0 = self._clock.monotonic()
+        try:
+            attempt_kwargs = self._attempt_kwargs(ctx, token, timeout, kwargs)
+            async with asyncio.timeout(timeout + 0.25):
+                resp = await self._router.acompletion(model=group, messages=messages, **attempt_kwargs)
+                if ctx.stream:
+                    resp = await _prefetch_stream(resp)
+        except asyncio.CancelledError:
+            if actx.admission is not None:
+                self._breakers[actx.admission.deployment_id].release(actx.admission)
+            latency = self._clock.monotonic() - t0
+            cancelled = Failure(ErrorClass.UNKNOWN, None, "cancelled", None, asyncio.CancelledError())
+            self._record(ctx, group, level, actx, cancelled, started_wall, latency, wait_before, "cancelled")
+            raise
+        except BaseException as exc:  # classify once, then decide
+            if isinstance(exc, KeyboardInterrupt | SystemExit | GeneratorExit):
+                raise
+            latency = self._clock.monotonic() - t0
+            failure = classify(exc)
+            self._on_failure(ctx, group, level, actx, failure, started_wall, latency, wait_before)
+            raise AttemptFailed(failure, actx.picked) from None
+        finally:
+            _ATTEMPTS.pop(token, None)
+        latency = self._clock.monotonic() - t0
+        if ctx.stream:
+            return ResilientStream(self, ctx, group, level, actx, resp, started_wall, latency, wait_before)
+        dep = (getattr(resp, "_hidden_params", None) or {}).get("model_id") or actx.picked
+        if dep is not None and actx.picked != dep:
+            actx._pick(str(dep))
+        self._on_success(ctx, group, level, actx, started_wall, latency, wait_before)
+        return resp
+
+    def _on_success(
+        self,
+        ctx: _CallContext,
+        group: str,
+        level: int,
+        actx: _AttemptContext,
+        started_wall: float,
+        latency: float,
+        wait_before: float,
+        ttft: float | None = None,
+    ) -> None:
+        if actx.admission is not None:
+            self._breakers[actx.admission.deployment_id].record_success(actx.admission)
+        self._budgets[group].on_success()
+        self._record(ctx, group, level, actx, None, started_wall, latency, wait_before, "success", ttft)
+
+    def _on_failure(
+        self,
+        ctx: _CallContext,
+        group: str,
+        level: int,
+        actx: _AttemptContext,
+        failure: Failure,
+        started_wall: float,
+        latency: float,
+        wait_before: float,
+    ) -> None:
+        ctx.failures.append(failure)
+        dep = actx.picked
+        adm = actx.admission
+        if adm is not None:
+            b = self._breakers[adm.deployment_id]
+            if failure.counts_against_deployment:
+                b.record_failure(adm)
+            else:
+                b.release(adm)
+            if failure.retry_after:
+                b.hold(failure.retry_after)
+        if failure.counts_against_deployment:
+            self._budgets[group].on_failure()
+        if dep is not None:
+            ctx.failed.add(dep)
+            if not self._policies[group].classes[failure.error_class].same_deployment:
+                ctx.never_again.add(dep)
+        sent = actx.sent or (dep is not None and failure.error_class is not ErrorClass.CIRCUIT_OPEN)
+        outcome = "failure" if sent else "skipped"
+        self._record(ctx, group, level, actx, failure, started_wall, latency, wait_before, outcome)
+
+    def _record(
+        self,
+        ctx: _CallContext,
+        group: str,
+        level: int,
+        actx: _AttemptContext | None,
+        failure: Failure | None,
+        started_wall: float,
+        latency: float,
+        wait_before: float,
+        outcome: Any,
+        ttft: float | None = None,
+    ) -> None:
+        dep = actx.picked if actx is not None else None
+        rec = AttemptRecord(
+            call_id=ctx.call_id,
+            attempt=ctx.attempt_no,
+            model_group=group,
+            deployment_id=dep,
+            fallback_level=level,
+            outcome=outcome,
+            error_class=failure.error_class if failure else None,
+            status=failure.status if failure else None,
+            error_message=failure.message if failure else None,
+            started_at=started_wall,
+            latency_s=latency,
+            wait_before_s=wait_before,
+            breaker_state=self._breakers[dep].state if dep in self._deployments else None,
+            ttft_s=ttft,
+            probe=bool(actx and actx.admission and actx.admission.probe),
+        )
+        ctx.report.attempts.append(rec)
+        self._emit(ctx, rec)
+
+    # -- streaming -------------------------------------------------------------------------------
+
+    async def _stream(
+        self, ctx: _CallContext, group: str, messages: list[dict[str, Any]], kwargs: dict[str, Any]
+    ) -> ResilientStream:
+        result = await self._run(ctx, group, messages, kwargs)
+        assert isinstance(result, ResilientStream)
+        return result
+
+
+def _fill_from_response(report: CallReport, resp: Any) -> None:
+    report.served_model = getattr(resp, "model", None)
+    hidden = getattr(resp, "_hidden_params", None) or {}
+    cost = hidden.get("response_cost")
+    report.response_cost = float(cost) if isinstance(cost, int | float) else None
+    usage = getattr(resp, "usage", None)
+    if usage is not None:
+        report.usage = {
+            "prompt_tokens": int(getattr(usage, "prompt_tokens", 0) or 0),
+            "completion_tokens": int(getattr(usage, "completion_tokens", 0) or 0),
+            "total_tokens": int(getattr(usage, "total_tokens", 0) or 0),
+        }
+
+
+def _attach_report(obj: Any, report: CallReport) -> None:
+    hidden = getattr(obj, "_hidden_params", None)
+    if isinstance(hidden, dict):
+        hidden[REPORT_KEY] = report
+        return
+    try:
+        setattr(obj, REPORT_KEY, report)
+    except (AttributeError, TypeError):
+        pass
+
+
+def get_report(obj: Any) -> CallReport | None:
+    """The :class:`CallReport` of a response, a stream, or an error raised by the router."""
+    if isinstance(obj, ResilientStream | SyncResilientStream):
+        return obj.report
+    hidden = getattr(obj, "_hidden_params", None)
+    if isinstance(hidden, dict) and REPORT_KEY in hidden:
+        return hidden[REPORT_KEY]  # type: ignore[no-any-return]
+    rep = getattr(obj, REPORT_KEY, None) or getattr(obj, "report", None)
+    return rep if isinstance(rep, CallReport) else None
+
+
+# -- streams ----------------------------------------------------------------------------------------
+
+
+def _chunk_has_payload(chunk: Any) -> bool:
+    for choice in getattr(chunk, "choices", None) or []:
+        delta = getattr(choice, "delta", None)
+        if delta is not None and (
+            getattr(delta, "content", None) or getattr(delta, "tool_calls", None)
+        ):
+            return True
+        if getattr(choice, "finish_reason", None):
+            return True
+    return False
+
+
+class _Prefetched:
+    """A LiteLLM stream with its leading chunks already read (inside the attempt)."""
+
+    def __init__(self, stream: Any, buffered: list[Any], done: bool) -> None:
+        self.stream = stream
+        self.buffered = buffered
+        self.done = done
+
+
+async def _prefetch_stream(stream: Any) -> _Prefetched:
+    """Read until the first chunk with content, a tool call or a finish reason, so a failure
+    before anything reaches the caller is still an ordinary (retryable) attempt failure."""
+    buffered: list[Any] = []
+    it = stream.__aiter__()
+    while True:
+        try:
+            chunk = await it.__anext__()
+        except StopAsyncIteration:
+            if not any(_chunk_has_payload(c) for c in buffered):
+                raise ConnectionError("stream ended before any content") from None
+            return _Prefetched(stream, buffered, done=True)
+        buffered.append(chunk)
+        if _chunk_has_payload(chunk):
+            return _Prefetched(stream, buffered, done=False)
+
+
+class ResilientStream:
+    """An async iterator of LiteLLM chunks. Failures before the first chunk were already retried
+    or failed over; a failure after it raises :class:`StreamInterruptedError` with the partial
+    text. A stream that ends without a finish reason is an error, never a short success."""
+
+    def __init__(
+        self,
+        router: ResilientRouter,
+        ctx: _CallContext,
+        group: str,
+        level: int,
+        actx: _AttemptContext,
+        pre: _Prefetched,
+        started_wall: float,
+        ttft: float,
+        wait_before: float,
+    ) -> None:
+        self._router = router
+        self._ctx = ctx
+        self._group = group
+        self._level = level
+        self._actx = actx
+        self._pre = pre
+        self._started_wall = started_wall
+        self._t0 = router._clock.monotonic() - ttft
+        self._ttft = ttft
+        self._wait_before = wait_before
+        self._parts: list[str] = []
+        self._finish_reason: str | None = None
+        self._closed = False
+        self.report = ctx.report
+        self.report.ttft_s = ttft
+        self.usage: dict[str, int] | None = None
+
+    @property
+    def partial_text(self) -> str:
+        return "".join(self._parts)
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[Any]:
+        if self._closed:
+            return
+        router = self._router
+        idle = router._policies[self._group].attempt_timeout
+        try:
+            for chunk in self._pre.buffered:
+                self._observe(chunk)
+                yield chunk
+            if not self._pre.done:
+                it = self._pre.stream.__aiter__()
+                while True:
+                    remaining = self._ctx.deadline.remaining()
+                    try:
+                        async with asyncio.timeout(max(0.001, min(idle, remaining))):
+                            chunk = await it.__anext__()
+                    except StopAsyncIteration:
+                        break
+                    self._observe(chunk)
+                    yield chunk
+            if self._finish_reason is None:
+                raise ConnectionError("stream ended without a finish_reason (truncated answer)")
+        except (GeneratorExit, asyncio.CancelledError):
+            self._close_cancelled()
+            raise
+        except Exception as exc:
+            self._fail(exc)
+            raise StreamInterruptedError(
+                f"stream from {self._actx.picked} failed after {len(self.partial_text)} chars: "
+                f"{exc}",
+                self.partial_text,
+                exc,
+                self.report,
+            ) from exc
+        self._succeed()
+
+    def _observe(self, chunk: Any) -> None:
+        for choice in getattr(chunk, "choices", None) or []:
+            delta = getattr(choice, "delta", None)
+            text = getattr(delta, "content", None) if delta is not None else None
+            if text:
+                self._parts.append(text)
+            if getattr(choice, "finish_reason", None):
+                self._finish_reason = choice.finish_reason
+        usage = getattr(chunk, "usage", None)
+        if usage is not None and getattr(usage, "total_tokens", None):
+            self.usage = {
+                "prompt_tokens": int(usage.prompt_tokens or 0),
+                "completion_tokens": int(usage.completion_tokens or 0),
+                "total_tokens": int(usage.total_tokens or 0),
+            }
+        if self.report.served_model is None and getattr(chunk, "model", None):
+            self.report.served_model = chunk.model
+
+    def _succeed(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        r = self._router
+        latency = r._clock.monotonic() - self._t0
+        r._on_success(
+            self._ctx, self._group, self._level, self._actx, self._started_wall, latency,
+            self._wait_before, self._ttft,
+        )
+        self.report.usage = self.usage
+        self.report.deployment_id = self._actx.picked
+        self.report.total_latency_s = r._clock.wall() - self.report.started_at
+        r._emit(self._ctx, self.report)
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        r = self._router
+        failure = classify(exc)
+        latency = r._clock.monotonic() - self._t0
+        r._on_failure(
+            self._ctx, self._group, self._level, self._actx, failure, self._started_wall, latency,
+            self._wait_before,
+        )
+        self.report.outcome = "failure"
+        self.report.error_class = failure.error_class
+        r._emit(self._ctx, self.report)
+
+    def _close_cancelled(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        adm = self._actx.admission
+        if adm is not None:
+            self._router._breakers[adm.deployment_id].release(adm)
+        self.report.outcome = "cancelled"
+        self._router._emit(self._ctx, self.report)
+
+    async def aclose(self) -> None:
+        """Stop early (the deployment's breaker counts neither success nor failure)."""
+        self._close_cancelled()
+        close = getattr(self._pre.stream, "aclose", None)
+        if close is not None:
+            try:
+                await close()
+            except Exception:
+                pass
+
+
+class SyncResilientStream:
+    """Blocking iterator over a :class:`ResilientStream` driven on the router's private loop."""
+
+    def __init__(self, stream: ResilientStream, runner: _SyncRunner) -> None:
+        self._stream = stream
+        self._runner = runner
+        self._it = stream.__aiter__()
+        self.report = stream.report
+
+    @property
+    def partial_text(self) -> str:
+        return self._stream.partial_text
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        async def step() -> Any:
+            return await self._it.__anext__()
+
+        try:
+            return self._runner.run(step())
+        except StopAsyncIteration:
+            raise StopIteration from None
+
+    def close(self) -> None:
+        self._runner.run(self._stream.aclose())
+
