@@ -1,0 +1,87 @@
+"""Shared fixtures: one provider simulator per session (reset per test) and a router factory."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+import llm_resilience_plugin  # noqa: F401  (sets LiteLLM's offline switches before it is imported)
+from llm_resilience_plugin import FakeClock, ResilientRouter
+from llm_resilience_plugin.simulator import ProviderSimulator
+
+FAST_POLICY: dict[str, Any] = {
+    "deadline": 10,
+    "attempt_timeout": 5,
+    "backoff": {"initial": 0.01, "maximum": 0.05},
+    "breaker": {"fail_max": 3, "reset_timeout": 5},
+}
+
+
+@pytest.fixture(scope="session")
+def sim_server() -> Iterator[ProviderSimulator]:
+    with ProviderSimulator() as sim:
+        yield sim
+
+
+@pytest.fixture
+def sim(sim_server: ProviderSimulator) -> Iterator[ProviderSimulator]:
+    sim_server.reset()
+    yield sim_server
+    sim_server.reset()
+
+
+def deployment(sim: ProviderSimulator, group: str, dep_id: str, **params: Any) -> dict[str, Any]:
+    """A LiteLLM deployment entry pointing at simulator deployment ``dep_id``."""
+    return {
+        "model_name": group,
+        "litellm_params": {
+            "model": "openai/gpt-4o-mini",
+            "api_base": sim.api_base(dep_id),
+            "api_key": "sk-sim-secret",
+            **params,
+        },
+        "model_info": {"id": dep_id},
+    }
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+RouterFactory = Callable[..., ResilientRouter]
+
+
+@pytest.fixture
+def make_router(sim: ProviderSimulator) -> Iterator[RouterFactory]:
+    """make_router({"primary": ["a", "b"], "backup": ["c"]}, fallbacks=..., policy=...)"""
+    made: list[ResilientRouter] = []
+
+    def make(
+        groups: dict[str, list[str]],
+        *,
+        policy: dict[str, Any] | None = None,
+        clock: FakeClock | None = None,
+        **kwargs: Any,
+    ) -> ResilientRouter:
+        model_list = [deployment(sim, g, d) for g, deps in groups.items() for d in deps]
+        router = ResilientRouter(
+            model_list=model_list,
+            policy=_merge(FAST_POLICY, policy or {}),
+            clock=clock or FakeClock(),
+            seed=1234,
+            **kwargs,
+        )
+        made.append(router)
+        return router
+
+    yield make
+    for r in made:
+        r.close()
+
+
+MSG = [{"role": "user", "content": "Hello there, how are you?"}]

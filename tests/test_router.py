@@ -1,0 +1,463 @@
+"""ResilientRouter over real HTTP to the provider simulator: attempt counts, actions per error
+class, Retry-After, breakers, fallbacks, deadlines, concurrency."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import litellm
+import pytest
+
+from llm_resilience_plugin import (
+    AllRoutesFailedError,
+    ErrorClass,
+    FakeClock,
+    get_report,
+)
+from llm_resilience_plugin.simulator import Fault, ProviderSimulator
+from tests.conftest import MSG, RouterFactory
+
+
+def gaps(sim: ProviderSimulator, dep: str) -> list[float]:
+    reqs = sim.requests(dep)
+    return [b.started_at - a.started_at for a, b in zip(reqs, reqs[1:], strict=False)]
+
+
+# -- the plugin owns every retry layer ------------------------------------------------------------
+
+
+async def test_healthy_calls_make_exactly_one_request_each(make_router: RouterFactory, sim):
+    router = make_router({"primary": ["a", "b"]})
+    for _ in range(10):
+        resp = await router.acompletion(model="primary", messages=MSG)
+        assert resp.choices[0].message.content.startswith("Hello from ")
+    assert sim.count() == 10
+
+
+async def test_one_500_then_success_makes_exactly_two_requests(make_router: RouterFactory, sim):
+    router = make_router({"primary": ["a"]})
+    sim.script("a", Fault.server_error(500))
+    resp = await router.acompletion(model="primary", messages=MSG)
+    rep = get_report(resp)
+    assert sim.count("a") == 2
+    assert rep is not None
+    assert [a.outcome for a in rep.attempts] == ["failure", "success"]
+    assert rep.attempts[0].error_class is ErrorClass.SERVER
+    assert rep.attempts[0].status == 500
+    assert rep.deployment_id == "a" and rep.served_group == "primary" and rep.fallback_level == 0
+    assert rep.served_model and "gpt-4o-mini" in rep.served_model
+    assert rep.usage and rep.usage["total_tokens"] > 0
+
+
+async def test_retry_prefers_a_different_healthy_deployment(make_router: RouterFactory, sim):
+    router = make_router(
+        {"primary": ["a", "b"]},
+        policy={"breaker": {"fail_max": 100}, "retry_budget": {"enabled": False}},
+    )
+    for _ in range(10):
+        sim.reset()
+        sim.script("a", Fault.server_error(503))
+        sim.script("b", Fault.server_error(503))
+        resp = await router.acompletion(model="primary", messages=MSG)
+        rep = get_report(resp)
+        assert rep is not None
+        first, second = rep.attempts[0], rep.attempts[1]
+        assert first.deployment_id != second.deployment_id
+
+
+# -- each error class -> its action, with exact upstream counts ----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fault", "error_class", "primary_requests"),
+    [
+        (Fault.rate_limit(), ErrorClass.RATE_LIMIT, 3),  # 2 retries, then fail over
+        (Fault.server_error(500), ErrorClass.SERVER, 3),
+        (Fault.server_error(502), ErrorClass.SERVER, 3),
+        (Fault.server_error(503), ErrorClass.SERVER, 3),
+        (Fault.overloaded(), ErrorClass.SERVER, 3),
+        (Fault.reset(), ErrorClass.CONNECTION, 3),
+        (Fault.auth(), ErrorClass.AUTH, 1),  # fail over, never retry
+    ],
+)
+async def test_error_class_actions_with_fallback(
+    make_router: RouterFactory, sim, fault, error_class, primary_requests
+):
+    router = make_router({"primary": ["a"], "backup": ["b"]}, fallbacks=[{"primary": ["backup"]}])
+    sim.set_default("a", fault)
+    resp = await router.acompletion(model="primary", messages=MSG)
+    rep = get_report(resp)
+    assert rep is not None
+    assert sim.count("a") == primary_requests
+    assert sim.count("b") == 1
+    assert rep.served_group == "backup" and rep.fallback_level == 1 and rep.deployment_id == "b"
+    assert {a.error_class for a in rep.attempts if a.outcome == "failure"} == {error_class}
+
+
+async def test_bad_request_is_never_retried_and_keeps_the_provider_error(
+    make_router: RouterFactory, sim
+):
+    router = make_router({"primary": ["a"], "backup": ["b"]}, fallbacks=[{"primary": ["backup"]}])
+    sim.set_default("a", Fault.not_found())
+    with pytest.raises(litellm.NotFoundError) as info:
+        await router.acompletion(model="primary", messages=MSG)
+    assert info.value.status_code == 404
+    assert sim.count("a") == 1 and sim.count("b") == 0
+    rep = get_report(info.value)
+    assert rep is not None and rep.attempts[0].error_class is ErrorClass.BAD_REQUEST
+
+
+async def test_context_window_goes_to_context_window_fallbacks_only(
+    make_router: RouterFactory, sim
+):
+    router = make_router(
+        {"primary": ["a"], "backup": ["b"], "big": ["c"]},
+        fallbacks=[{"primary": ["backup"]}],
+        context_window_fallbacks=[{"primary": ["big"]}],
+    )
+    sim.set_default("a", Fault.context_length())
+    resp = await router.acompletion(model="primary", messages=MSG)
+    rep = get_report(resp)
+    assert rep is not None and rep.served_group == "big"
+    assert (sim.count("a"), sim.count("b"), sim.count("c")) == (1, 0, 1)
+
+
+async def test_context_window_without_fallback_raises_provider_error(
+    make_router: RouterFactory, sim
+):
+    router = make_router({"primary": ["a"]})
+    sim.set_default("a", Fault.context_length())
+    with pytest.raises(litellm.ContextWindowExceededError):
+        await router.acompletion(model="primary", messages=MSG)
+    assert sim.count("a") == 1
+
+
+async def test_content_policy_not_retried_and_not_sent_to_generic_fallback(
+    make_router: RouterFactory, sim
+):
+    router = make_router({"primary": ["a"], "backup": ["b"]}, fallbacks=[{"primary": ["backup"]}])
+    sim.set_default("a", Fault.content_filter())
+    with pytest.raises(litellm.BadRequestError) as info:
+        await router.acompletion(model="primary", messages=MSG)
+    assert "content" in str(info.value).lower()
+    assert sim.count("a") == 1 and sim.count("b") == 0
+    rep = get_report(info.value)
+    assert rep is not None and rep.attempts[0].error_class is ErrorClass.CONTENT_POLICY
+
+
+async def test_content_policy_fallback_used_where_configured(make_router: RouterFactory, sim):
+    router = make_router(
+        {"primary": ["a"], "lenient": ["b"]}, content_policy_fallbacks=[{"primary": ["lenient"]}]
+    )
+    sim.set_default("a", Fault.content_filter())
+    resp = await router.acompletion(model="primary", messages=MSG)
+    assert get_report(resp).served_group == "lenient"  # type: ignore[union-attr]
+    assert (sim.count("a"), sim.count("b")) == (1, 1)
+
+
+async def test_non_retryable_error_is_not_masked_by_later_fallback_error(
+    make_router: RouterFactory, sim
+):
+    router = make_router(
+        {"primary": ["a"], "big": ["b"]}, context_window_fallbacks=[{"primary": ["big"]}]
+    )
+    sim.set_default("a", Fault.context_length())
+    sim.set_default("b", Fault.server_error(500))
+    with pytest.raises(litellm.ContextWindowExceededError) as info:
+        await router.acompletion(model="primary", messages=MSG)
+    rep = get_report(info.value)
+    assert rep is not None and len(rep.attempts) == 4  # 1 on primary + 3 on big
+
+
+# -- Retry-After ----------------------------------------------------------------------------------
+
+
+async def test_retry_after_gap_is_honoured(make_router: RouterFactory, sim):
+    from llm_resilience_plugin import Clock
+
+    router = make_router({"primary": ["a"]}, clock=Clock())
+    sim.script("a", Fault.rate_limit(retry_after=0.4))
+    resp = await router.acompletion(model="primary", messages=MSG)
+    assert resp.choices[0].message.content
+    assert sim.count("a") == 2
+    assert gaps(sim, "a")[0] >= 0.4
+
+
+async def test_retry_after_as_http_date_is_parsed(make_router: RouterFactory, sim):
+    clock = FakeClock()
+    router = make_router({"primary": ["a"]}, clock=clock)
+    when = time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(time.time() + 3))
+    sim.script("a", Fault.rate_limit(retry_after=when))
+    await router.acompletion(model="primary", messages=MSG)
+    assert sim.count("a") == 2
+    assert clock.slept and 1.5 <= clock.slept[0] <= 3.5
+
+
+async def test_retry_after_beyond_deadline_fails_over_without_sleeping(
+    make_router: RouterFactory, sim
+):
+    clock = FakeClock()
+    router = make_router(
+        {"primary": ["a"], "backup": ["b"]},
+        fallbacks=[{"primary": ["backup"]}],
+        policy={"deadline": 5},
+        clock=clock,
+    )
+    sim.set_default("a", Fault.rate_limit(retry_after=30))
+    t0 = time.monotonic()
+    resp = await router.acompletion(model="primary", messages=MSG)
+    assert time.monotonic() - t0 < 2
+    assert clock.slept == []
+    assert get_report(resp).served_group == "backup"  # type: ignore[union-attr]
+    assert (sim.count("a"), sim.count("b")) == (1, 1)
+
+
+async def test_retry_after_on_one_deployment_moves_to_the_other_at_once(
+    make_router: RouterFactory, sim
+):
+    clock = FakeClock()
+    router = make_router({"primary": ["a", "b"]}, clock=clock)
+    sim.set_default("a", Fault.rate_limit(retry_after=20))
+    for _ in range(10):
+        resp = await router.acompletion(model="primary", messages=MSG)
+        assert get_report(resp).deployment_id == "b"  # type: ignore[union-attr]
+    # A 429 from a: the retry went to b at once (no 20 s wait), and a was held off afterwards.
+    assert sim.count("a") <= 1
+    assert sim.count("b") == 10
+    assert all(s < 1 for s in clock.slept)
+
+
+# -- deadlines and silent providers ---------------------------------------------------------------
+
+
+async def test_silent_provider_fails_over_inside_the_deadline(make_router: RouterFactory, sim):
+    from llm_resilience_plugin import Clock
+
+    router = make_router(
+        {"primary": ["a"], "backup": ["b"]},
+        fallbacks=[{"primary": ["backup"]}],
+        policy={"deadline": 5, "attempt_timeout": 2},
+        clock=Clock(),
+    )
+    sim.set_default("a", Fault.silence(max_hold=10))
+    t0 = time.monotonic()
+    resp = await router.acompletion(model="primary", messages=MSG)
+    elapsed = time.monotonic() - t0
+    assert elapsed < 3.0
+    rep = get_report(resp)
+    assert rep is not None and rep.served_group == "backup"
+    assert sim.count("a") == 1  # never a second wait on the silent deployment
+    assert rep.attempts[0].error_class is ErrorClass.TIMEOUT
+
+
+async def test_per_call_deadline_bounds_everything(make_router: RouterFactory, sim):
+    from llm_resilience_plugin import Clock, DeadlineExceededError
+
+    router = make_router({"primary": ["a"]}, policy={"attempt_timeout": 5}, clock=Clock())
+    sim.set_default("a", Fault.silence(max_hold=10))
+    t0 = time.monotonic()
+    with pytest.raises(DeadlineExceededError) as info:
+        await router.acompletion(model="primary", messages=MSG, deadline=0.5)
+    assert time.monotonic() - t0 < 1.5
+    assert isinstance(info.value, TimeoutError)
+    assert sim.count("a") == 1
+
+
+# -- all routes fail ------------------------------------------------------------------------------
+
+
+async def test_all_routes_fail_lists_every_attempt_async(make_router: RouterFactory, sim):
+    router = make_router({"primary": ["a"], "backup": ["b"]}, fallbacks=[{"primary": ["backup"]}])
+    sim.set_default("a", Fault.server_error(500))
+    sim.set_default("b", Fault.server_error(503))
+    with pytest.raises(AllRoutesFailedError) as info:
+        await router.acompletion(model="primary", messages=MSG)
+    err = info.value
+    assert len(err.attempts) == 6 == sim.count()
+    assert [a.model_group for a in err.attempts] == ["primary"] * 3 + ["backup"] * 3
+    assert isinstance(err.__cause__, litellm.InternalServerError)
+    assert "primary/a" in str(err) and "backup/b" in str(err)
+
+
+def test_all_routes_fail_lists_every_attempt_sync(make_router: RouterFactory, sim):
+    router = make_router({"primary": ["a"], "backup": ["b"]}, fallbacks=[{"primary": ["backup"]}])
+    sim.set_default("a", Fault.server_error(500))
+    sim.set_default("b", Fault.server_error(503))
+    with pytest.raises(AllRoutesFailedError) as info:
+        router.completion(model="primary", messages=MSG)
+    assert len(info.value.attempts) == 6 == sim.count()
+
+
+def test_sync_calls_from_many_threads(make_router: RouterFactory, sim):
+    router = make_router({"primary": ["a", "b"]})
+    sim.set_default("a", Fault.flaky(0.3, Fault.server_error(500), seed=7))
+    results: list[object] = []
+    lock = threading.Lock()
+
+    def worker() -> None:
+        for _ in range(5):
+            r = router.completion(model="primary", messages=MSG)
+            with lock:
+                results.append(r)
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 40
+    assert sum(get_report(r).upstream_requests for r in results) == sim.count()  # type: ignore[union-attr]
+
+
+async def test_concurrent_calls_lose_and_duplicate_no_attempt(make_router: RouterFactory, sim):
+    router = make_router(
+        {"primary": ["a", "b"], "backup": ["c"]},
+        fallbacks=[{"primary": ["backup"]}],
+        policy={"breaker": {"fail_max": 1000}, "retry_budget": {"enabled": False}},
+    )
+    sim.set_default("a", Fault.flaky(0.3, Fault.server_error(500), seed=1))
+    sim.set_default("b", Fault.flaky(0.3, Fault.rate_limit(), seed=2))
+    results = await asyncio.gather(
+        *(router.acompletion(model="primary", messages=MSG) for _ in range(200))
+    )
+    reports = [get_report(r) for r in results]
+    assert all(r is not None and r.outcome == "success" for r in reports)
+    assert sum(r.upstream_requests for r in reports if r) == sim.count()
+    assert len({r.call_id for r in reports if r}) == 200
+
+
+# -- breakers -------------------------------------------------------------------------------------
+
+
+async def test_breaker_opens_and_dead_deployment_gets_no_traffic(make_router: RouterFactory, sim):
+    transitions = []
+    router = make_router({"primary": ["a", "b"]}, policy={"breaker": {"fail_max": 3}})
+    router.subscribe(lambda e: transitions.append(e) if type(e).__name__ == "BreakerTransition" else None)
+    sim.set_default("a", Fault.server_error(500))
+    for _ in range(60):
+        await router.acompletion(model="primary", messages=MSG)
+        if router.breakers()["a"]["state"] == "open":
+            break
+    assert router.breakers()["a"]["state"] == "open"
+    dead_before = sim.count("a")
+    assert dead_before == 3
+    for _ in range(20):
+        await router.acompletion(model="primary", messages=MSG)
+    assert sim.count("a") == dead_before
+    assert [(t.deployment_id, t.old_state, t.new_state) for t in transitions] == [
+        ("a", "closed", "open")
+    ]
+
+
+async def test_all_deployments_open_fails_over_without_sending(make_router: RouterFactory, sim):
+    router = make_router(
+        {"primary": ["a"], "backup": ["b"]},
+        fallbacks=[{"primary": ["backup"]}],
+        policy={"breaker": {"fail_max": 2}},
+    )
+    sim.set_default("a", Fault.server_error(500))
+    await router.acompletion(model="primary", messages=MSG)
+    assert router.breakers()["a"]["state"] == "open"
+    sim.clear_log()
+    resp = await router.acompletion(model="primary", messages=MSG)
+    rep = get_report(resp)
+    assert sim.count("a") == 0 and sim.count("b") == 1
+    assert rep is not None and rep.attempts[0].outcome == "skipped"
+    assert rep.attempts[0].error_class is ErrorClass.CIRCUIT_OPEN
+    assert rep.upstream_requests == 1
+
+
+async def test_exactly_one_probe_in_half_open_under_200_concurrent_calls(
+    make_router: RouterFactory, sim
+):
+    clock = FakeClock()
+    router = make_router(
+        {"primary": ["a", "b"]},
+        policy={"breaker": {"fail_max": 2, "reset_timeout": 10}},
+        clock=clock,
+    )
+    sim.set_default("a", Fault.server_error(500))
+    for _ in range(6):
+        await router.acompletion(model="primary", messages=MSG)
+    assert router.breakers()["a"]["state"] == "open"
+    clock.advance(11)
+    sim.clear_log()
+    sim.set_default("a", Fault.ok(latency=0.3))  # the probe stays in flight while others arrive
+    results = await asyncio.gather(
+        *(router.acompletion(model="primary", messages=MSG) for _ in range(200))
+    )
+    assert len(results) == 200
+    assert sim.count("a") == 1
+    assert router.breakers()["a"]["state"] == "closed"
+    # Recovered: traffic returns to the deployment.
+    sim.clear_log()
+    for _ in range(20):
+        await router.acompletion(model="primary", messages=MSG)
+    assert sim.count("a") > 0
+
+
+async def test_failed_probe_reopens(make_router: RouterFactory, sim):
+    clock = FakeClock()
+    router = make_router(
+        {"primary": ["a", "b"]}, policy={"breaker": {"fail_max": 1, "reset_timeout": 10}}, clock=clock
+    )
+    sim.set_default("a", Fault.server_error(500))
+    for _ in range(4):
+        await router.acompletion(model="primary", messages=MSG)
+    assert router.breakers()["a"]["state"] == "open"
+    clock.advance(11)
+    sim.clear_log()
+    await router.acompletion(model="primary", messages=MSG)  # probe fails, retry served by b
+    assert sim.count("a") == 1
+    assert router.breakers()["a"]["state"] == "open"
+
+
+async def test_flapping_deployment_served_by_fallback_then_back_on_primary(
+    make_router: RouterFactory, sim
+):
+    from llm_resilience_plugin import Clock
+
+    reset_timeout = 0.3
+    router = make_router(
+        {"primary": ["a"], "backup": ["b"]},
+        fallbacks=[{"primary": ["backup"]}],
+        policy={"breaker": {"fail_max": 2, "reset_timeout": reset_timeout}},
+        clock=Clock(),
+    )
+    sim.outage("a", 0.6, Fault.server_error(503))
+    outage_end = time.monotonic() + 0.6
+    served = []
+    while time.monotonic() < outage_end:
+        resp = await router.acompletion(model="primary", messages=MSG)
+        served.append(get_report(resp).served_group)  # type: ignore[union-attr]
+        await asyncio.sleep(0.02)
+    assert set(served) == {"backup"}
+    recovered_at = time.monotonic()
+    while True:
+        resp = await router.acompletion(model="primary", messages=MSG)
+        if get_report(resp).served_group == "primary":  # type: ignore[union-attr]
+            break
+        await asyncio.sleep(0.02)
+        assert time.monotonic() - recovered_at < reset_timeout + 0.3
+    assert router.breakers()["a"]["state"] == "closed"
+
+
+# -- retry budget ---------------------------------------------------------------------------------
+
+
+async def test_retry_budget_bounds_amplification(make_router: RouterFactory, sim):
+    router = make_router(
+        {"primary": ["a"]},
+        policy={
+            "breaker": {"enabled": False},
+            "retry_budget": {"capacity": 10, "min_fraction": 0.5, "refund_per_success": 0.1},
+        },
+    )
+    sim.set_default("a", Fault.server_error(500))
+    for _ in range(50):
+        with pytest.raises(AllRoutesFailedError):
+            await router.acompletion(model="primary", messages=MSG)
+    # Without a budget: 150 requests. With it, retries stop once tokens fall below 5.
+    assert 50 <= sim.count("a") <= 56
