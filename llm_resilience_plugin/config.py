@@ -46,7 +46,8 @@ def _default_class_policies() -> dict[ErrorClass, ClassPolicy]:
         ErrorClass.CONTEXT_WINDOW: ClassPolicy(action="failover"),
         ErrorClass.CONTENT_POLICY: ClassPolicy(action="failover"),
         ErrorClass.BAD_REQUEST: ClassPolicy(action="fail"),
-        ErrorClass.BUDGET: ClassPolicy(action="fail"),
+        # Refused before sending: a cheaper fallback may still fit; the budget error is kept.
+        ErrorClass.BUDGET: ClassPolicy(action="failover"),
         ErrorClass.UNKNOWN: ClassPolicy(action="fail"),
     }
 

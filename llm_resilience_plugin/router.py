@@ -17,7 +17,7 @@ import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import litellm
 import tenacity
@@ -75,6 +75,42 @@ class DeploymentInfo:
     model_group: str
     model: str
     api_base: str | None
+    params: Mapping[str, Any] = field(default_factory=dict)  # litellm_params without secrets
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptInfo:
+    """What an :class:`AttemptGuard` sees before an attempt (no API keys)."""
+
+    call_id: str
+    attempt: int
+    model_group: str
+    fallback_level: int
+    deployments: tuple[DeploymentInfo, ...]
+    messages: list[dict[str, Any]]
+    kwargs: Mapping[str, Any]
+    metadata: Mapping[str, Any]
+    stream: bool
+
+
+class AttemptGuard(Protocol):
+    """Consulted before every attempt (retries and fallbacks too) and told its outcome.
+
+    ``before_attempt`` may raise (e.g. ``BudgetExceededError``) to refuse the attempt before any
+    request is sent; it returns a token handed back to exactly one ``after_attempt`` call.
+    """
+
+    def before_attempt(self, info: AttemptInfo) -> Any: ...
+
+    def after_attempt(
+        self,
+        token: Any,
+        *,
+        deployment_id: str | None,
+        response: Any | None,
+        usage: Mapping[str, int] | None,
+        failure: Failure | None,
+    ) -> None: ...
 
 
 # -- per-attempt context, shared with the process-wide LiteLLM hooks ------------------------------
@@ -89,6 +125,22 @@ class _AttemptContext:
     generations: dict[str, int] = field(default_factory=dict)
     picked: str | None = None
     sent: bool = False
+    guard_tokens: list[tuple[AttemptGuard, Any]] = field(default_factory=list)
+
+    def settle_guards(
+        self, response: Any | None, usage: Mapping[str, int] | None, failure: Failure | None
+    ) -> None:
+        tokens, self.guard_tokens = self.guard_tokens, []
+        for guard, token in tokens:
+            try:
+                guard.after_attempt(
+                    token, deployment_id=self.picked, response=response, usage=usage,
+                    failure=failure,
+                )
+            except Exception:
+                import logging
+
+                logging.getLogger("llm_resilience").exception("attempt guard failed to settle")
 
     def select(self, healthy: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Choose which of LiteLLM's candidates may be picked (the deployment filter)."""
@@ -271,6 +323,7 @@ class ResilientRouter:
         router_settings: Mapping[str, Any] | None = None,
         clock: Clock | None = None,
         seed: int | None = None,
+        guards: list[AttemptGuard] | None = None,
         **litellm_router_kwargs: Any,
     ) -> None:
         spec = build_spec(
@@ -282,14 +335,19 @@ class ResilientRouter:
             content_policy_fallbacks=content_policy_fallbacks,
             default_fallbacks=default_fallbacks,
         )
-        self._init_from_spec(spec, clock=clock, seed=seed)
+        self._init_from_spec(spec, clock=clock, seed=seed, guards=guards)
 
     @classmethod
     def from_spec(
-        cls, spec: RouterSpec, *, clock: Clock | None = None, seed: int | None = None
+        cls,
+        spec: RouterSpec,
+        *,
+        clock: Clock | None = None,
+        seed: int | None = None,
+        guards: list[AttemptGuard] | None = None,
     ) -> ResilientRouter:
         self = cls.__new__(cls)
-        self._init_from_spec(spec, clock=clock, seed=seed)
+        self._init_from_spec(spec, clock=clock, seed=seed, guards=guards)
         return self
 
     @classmethod
@@ -299,12 +357,20 @@ class ResilientRouter:
         *,
         clock: Clock | None = None,
         seed: int | None = None,
+        guards: list[AttemptGuard] | None = None,
     ) -> ResilientRouter:
         """From a LiteLLM proxy-style YAML path (or its parsed mapping) with a ``resilience:`` section."""
         spec = spec_from_mapping(config) if isinstance(config, Mapping) else load_config(config)
-        return cls.from_spec(spec, clock=clock, seed=seed)
+        return cls.from_spec(spec, clock=clock, seed=seed, guards=guards)
 
-    def _init_from_spec(self, spec: RouterSpec, *, clock: Clock | None, seed: int | None) -> None:
+    def _init_from_spec(
+        self,
+        spec: RouterSpec,
+        *,
+        clock: Clock | None,
+        seed: int | None,
+        guards: list[AttemptGuard] | None = None,
+    ) -> None:
         allow_loopback()
         self.spec = spec
         self.policy = spec.policy
@@ -312,6 +378,7 @@ class ResilientRouter:
         self._rng = random.Random(seed)
         self._rng_lock = threading.Lock()
         self.events = EventBus()
+        self.guards: list[AttemptGuard] = list(guards or [])
         self._router = litellm.Router(
             model_list=copy.deepcopy(spec.model_list),
             **spec.router_settings,
@@ -331,6 +398,14 @@ class ResilientRouter:
                 model_group=d["model_name"],
                 model=d["litellm_params"]["model"],
                 api_base=d["litellm_params"].get("api_base"),
+                params={
+                    k: v
+                    for k, v in {
+                        **(d.get("model_info") or {}),
+                        **d["litellm_params"],
+                    }.items()
+                    if "key" not in k and "secret" not in k and "token" not in k.replace("per_token", "")
+                },
             )
             self._deployments[info.id] = info
             self._group_deployments.setdefault(info.model_group, []).append(info.id)
@@ -681,6 +756,8 @@ class ResilientRouter:
         _ATTEMPTS[token] = actx
         t0 = self._clock.monotonic()
         try:
+            if self.guards:
+                self._guard_before(ctx, actx, group, level, messages, kwargs)
             attempt_kwargs = self._attempt_kwargs(ctx, token, timeout, kwargs)
             async with asyncio.timeout(timeout + 0.25):
                 resp = await self._router.acompletion(model=group, messages=messages, **attempt_kwargs)
@@ -689,6 +766,8 @@ class ResilientRouter:
         except asyncio.CancelledError:
             if actx.admission is not None:
                 self._breakers[actx.admission.deployment_id].release(actx.admission)
+            if actx.guard_tokens:
+                actx.settle_guards(None, None, None)
             latency = self._clock.monotonic() - t0
             cancelled = Failure(ErrorClass.UNKNOWN, None, "cancelled", None, asyncio.CancelledError())
             self._record(ctx, group, level, actx, cancelled, started_wall, latency, wait_before, "cancelled")
@@ -708,8 +787,40 @@ class ResilientRouter:
         dep = (getattr(resp, "_hidden_params", None) or {}).get("model_id") or actx.picked
         if dep is not None and actx.picked != dep:
             actx._pick(str(dep))
-        self._on_success(ctx, group, level, actx, started_wall, latency, wait_before)
+        self._on_success(
+            ctx, group, level, actx, started_wall, latency, wait_before,
+            response=resp, usage=_usage_of(resp),
+        )
         return resp
+
+    def _guard_before(
+        self,
+        ctx: _CallContext,
+        actx: _AttemptContext,
+        group: str,
+        level: int,
+        messages: list[dict[str, Any]],
+        kwargs: Mapping[str, Any],
+    ) -> None:
+        now = self._clock.wall()
+        deployments = tuple(
+            self._deployments[d]
+            for d in self._group_deployments[group]
+            if d not in ctx.never_again and self._breakers[d].could_admit(now)
+        ) or tuple(self._deployments[d] for d in self._group_deployments[group])
+        info = AttemptInfo(
+            call_id=ctx.call_id,
+            attempt=ctx.attempt_no,
+            model_group=group,
+            fallback_level=level,
+            deployments=deployments,
+            messages=messages,
+            kwargs={k: v for k, v in kwargs.items() if k != "metadata"},
+            metadata=dict(kwargs.get("metadata") or {}),
+            stream=ctx.stream,
+        )
+        for guard in self.guards:
+            actx.guard_tokens.append((guard, guard.before_attempt(info)))
 
     def _on_success(
         self,
@@ -721,10 +832,14 @@ class ResilientRouter:
         latency: float,
         wait_before: float,
         ttft: float | None = None,
+        response: Any | None = None,
+        usage: Mapping[str, int] | None = None,
     ) -> None:
         if actx.admission is not None:
             self._breakers[actx.admission.deployment_id].record_success(actx.admission)
         self._budgets[group].on_success()
+        if actx.guard_tokens:
+            actx.settle_guards(response, usage, None)
         self._record(ctx, group, level, actx, None, started_wall, latency, wait_before, "success", ttft)
 
     def _on_failure(
@@ -739,6 +854,8 @@ class ResilientRouter:
         wait_before: float,
     ) -> None:
         ctx.failures.append(failure)
+        if actx.guard_tokens:
+            actx.settle_guards(None, None, failure)
         dep = actx.picked
         adm = actx.admission
         if adm is not None:
@@ -803,18 +920,23 @@ class ResilientRouter:
         return result
 
 
+def _usage_of(resp: Any) -> dict[str, int] | None:
+    usage = getattr(resp, "usage", None)
+    if usage is None:
+        return None
+    return {
+        "prompt_tokens": int(getattr(usage, "prompt_tokens", 0) or 0),
+        "completion_tokens": int(getattr(usage, "completion_tokens", 0) or 0),
+        "total_tokens": int(getattr(usage, "total_tokens", 0) or 0),
+    }
+
+
 def _fill_from_response(report: CallReport, resp: Any) -> None:
     report.served_model = getattr(resp, "model", None)
     hidden = getattr(resp, "_hidden_params", None) or {}
     cost = hidden.get("response_cost")
     report.response_cost = float(cost) if isinstance(cost, int | float) else None
-    usage = getattr(resp, "usage", None)
-    if usage is not None:
-        report.usage = {
-            "prompt_tokens": int(getattr(usage, "prompt_tokens", 0) or 0),
-            "completion_tokens": int(getattr(usage, "completion_tokens", 0) or 0),
-            "total_tokens": int(getattr(usage, "total_tokens", 0) or 0),
-        }
+    report.usage = _usage_of(resp)
 
 
 def _attach_report(obj: Any, report: CallReport) -> None:
@@ -983,7 +1105,7 @@ class ResilientStream:
         latency = r._clock.monotonic() - self._t0
         r._on_success(
             self._ctx, self._group, self._level, self._actx, self._started_wall, latency,
-            self._wait_before, self._ttft,
+            self._wait_before, self._ttft, usage=self.usage,
         )
         self.report.usage = self.usage
         self.report.deployment_id = self._actx.picked
@@ -1012,6 +1134,10 @@ class ResilientStream:
         adm = self._actx.admission
         if adm is not None:
             self._router._breakers[adm.deployment_id].release(adm)
+        if self._actx.guard_tokens:
+            # Cut short by the caller: what was generated so far is still spent; the guard
+            # settles its estimate (no usage is known).
+            self._actx.settle_guards(None, self.usage, None)
         self.report.outcome = "cancelled"
         self._router._emit(self._ctx, self.report)
 
