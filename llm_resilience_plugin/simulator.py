@@ -882,6 +882,11 @@ def _abort(request: web.BaseRequest, *, rst: bool) -> None:
         transport.close()
 
 
+def _finish(record: _MutableRecord) -> None:
+    if record.finished_at is None:
+        record.finished_at = time.monotonic()
+
+
 def _sse(payload: JSONDict) -> bytes:
     return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
 
@@ -1250,10 +1255,12 @@ class ProviderSimulator:
         if kind == "http_error":
             return await self._send_behavior_error(call)
         if kind == "reset" or (kind == "stream_cut" and not call.stream):
+            _finish(call.record)
             _abort(request, rst=True)
             return web.Response()
         if kind == "silence" or (kind == "stream_stall" and not call.stream):
             await asyncio.sleep(behavior.seconds)
+            _finish(call.record)
             _abort(request, rst=True)
             return web.Response()
         reply = _build_reply(call.body, call.deployment, behavior.text)
@@ -1272,6 +1279,7 @@ class ProviderSimulator:
             headers={"x-simulator-deployment": call.deployment},
         )
         call.record.status = 200
+        _finish(call.record)  # before the last byte, so the log is complete when the client sees it
         await response.prepare(request)
         await response.write_eof()
         return response
@@ -1323,6 +1331,7 @@ class ProviderSimulator:
             headers=headers,
         )
         record.status = status
+        _finish(record)
         await response.prepare(request)
         await response.write_eof()
         return response
@@ -1429,18 +1438,24 @@ class ProviderSimulator:
                 if i:
                     await asyncio.sleep(behavior.chunk_delay)
                 await response.write(event)
-            if closing:
-                await response.write(b"".join(closing))
-        elif events or closing:
-            await response.write(b"".join(events + closing))
+            tail = b"".join(closing)
+        else:
+            tail = b"".join(events + closing)
         if kind == "stream_cut":
+            if tail:
+                await response.write(tail)
+            _finish(call.record)
             _abort(request, rst=False)
             return response
         if kind == "stream_stall":
+            if tail:
+                await response.write(tail)
             await asyncio.sleep(behavior.seconds)
+            _finish(call.record)
             _abort(request, rst=True)
             return response
-        await response.write_eof()
+        _finish(call.record)  # before the last byte, so the log is complete when the client sees it
+        await response.write_eof(tail)
         return response
 
 
@@ -1467,6 +1482,12 @@ def _default_message(status: int) -> str:
 # --------------------------------------------------------------------------------------------
 
 
+def _wait_forever(simulator: ProviderSimulator) -> None:
+    """Block until Ctrl-C (a seam for tests)."""
+    while True:
+        time.sleep(3600)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the simulator standalone until interrupted (Ctrl-C)."""
     parser = argparse.ArgumentParser(
@@ -1488,8 +1509,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"  {name}: {simulator.api_base(name)}", flush=True)
         print("Press Ctrl-C to stop.", flush=True)
         with contextlib.suppress(KeyboardInterrupt):
-            while True:
-                time.sleep(3600)
+            _wait_forever(simulator)
     finally:
         simulator.stop()
     return 0
