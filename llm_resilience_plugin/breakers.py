@@ -208,7 +208,11 @@ class DeploymentBreaker:
         if self._on_transition is not None and old != new:
             self._on_transition(
                 BreakerTransition(
-                    self.deployment_id, self.model_group, old, new, self._clock(),
+                    self.deployment_id,
+                    self.model_group,
+                    old,
+                    new,
+                    self._clock(),
                     self._storage.counter,
                 )
             )

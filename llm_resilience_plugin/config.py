@@ -110,7 +110,9 @@ class ResiliencePolicy(_Model):
     deadline: float = Field(default=60.0, gt=0, le=3600, description="Total seconds per call.")
     attempt_timeout: float = Field(default=30.0, gt=0, le=3600, description="Seconds per attempt.")
     first_chunk_timeout: float | None = Field(
-        default=None, gt=0, description="Streams: seconds to the first chunk (default: attempt_timeout)."
+        default=None,
+        gt=0,
+        description="Streams: seconds to the first chunk (default: attempt_timeout).",
     )
     min_attempt_time: float = Field(
         default=0.05, ge=0, description="Do not start an attempt with less time than this left."
@@ -211,46 +213,6 @@ class RouterSpec(_Model):
             seen.setdefault(d["model_name"], None)
         return list(seen)
 
-    @model_validator(mode="after")
-    def _check(self) -> RouterSpec:
-        for i, d in enumerate(self.model_list):
-            if not isinstance(d, Mapping):
-                raise ValueError(f"model_list[{i}] must be a mapping with model_name and litellm_params")
-            if not isinstance(d.get("model_name"), str) or not d["model_name"]:
-                raise ValueError(f"model_list[{i}].model_name is required (the model group name)")
-            params = d.get("litellm_params")
-            if not isinstance(params, Mapping) or not isinstance(params.get("model"), str):
-                raise ValueError(
-                    f"model_list[{i}].litellm_params.model is required, e.g. 'openai/gpt-4o-mini'"
-                )
-            info = d.get("model_info")
-            if info is not None and not isinstance(info, Mapping):
-                raise ValueError(f"model_list[{i}].model_info must be a mapping")
-        groups = set(self.groups)
-        known = ", ".join(sorted(groups))
-        ids = [(d.get("model_info") or {}).get("id") for d in self.model_list]
-        dup = {i for i in ids if i is not None and ids.count(i) > 1}
-        if dup:
-            raise ValueError(f"model_list: model_info.id must be unique, repeated: {sorted(dup)}")
-        for key in ("fallbacks", "context_window_fallbacks", "content_policy_fallbacks"):
-            for src, targets in getattr(self, key).items():
-                if src not in groups:
-                    raise ValueError(f"{key}: unknown model group {src!r}; known groups: {known}")
-                for t in targets:
-                    if t not in groups:
-                        raise ValueError(
-                            f"{key}.{src}: unknown fallback group {t!r}; known groups: {known}"
-                        )
-                    if t == src:
-                        raise ValueError(f"{key}.{src}: a group cannot fall back to itself")
-        for t in self.default_fallbacks:
-            if t not in groups:
-                raise ValueError(f"default_fallbacks: unknown model group {t!r}; known groups: {known}")
-        for g in self.policy.groups:
-            if g not in groups:
-                raise ValueError(f"resilience.groups: unknown model group {g!r}; known groups: {known}")
-        return self
-
     def fallback_chain(self, group: str, error_class: ErrorClass | None) -> list[str]:
         """Fallback groups for ``group`` after a failure of ``error_class`` (LiteLLM's key semantics)."""
         if error_class is ErrorClass.CONTEXT_WINDOW:
@@ -263,6 +225,44 @@ class RouterSpec(_Model):
         if group in self.fallbacks:
             return list(self.fallbacks[group])
         return [g for g in self.default_fallbacks if g != group]
+
+
+def _check_spec(self: RouterSpec) -> None:
+    """Cross-field checks, each raising ConfigError(field, fix)."""
+    for i, d in enumerate(self.model_list):
+        if not isinstance(d, Mapping):
+            raise ConfigError(f"model_list[{i}]", "must be a mapping with model_name and litellm_params")
+        if not isinstance(d.get("model_name"), str) or not d["model_name"]:
+            raise ConfigError(f"model_list[{i}].model_name", "is required (the model group name)")
+        params = d.get("litellm_params")
+        if not isinstance(params, Mapping) or not isinstance(params.get("model"), str):
+            raise ConfigError(
+                f"model_list[{i}].litellm_params.model", "is required, e.g. 'openai/gpt-4o-mini'"
+            )
+        info = d.get("model_info")
+        if info is not None and not isinstance(info, Mapping):
+            raise ConfigError(f"model_list[{i}].model_info", "must be a mapping")
+    groups = set(self.groups)
+    known = ", ".join(sorted(groups))
+    ids = [(d.get("model_info") or {}).get("id") for d in self.model_list]
+    dup = {i for i in ids if i is not None and ids.count(i) > 1}
+    if dup:
+        raise ConfigError("model_list", f"model_info.id must be unique, repeated: {sorted(dup)}")
+    for key in ("fallbacks", "context_window_fallbacks", "content_policy_fallbacks"):
+        for src, targets in getattr(self, key).items():
+            if src not in groups:
+                raise ConfigError(f"{key}", f"unknown model group {src!r}; known groups: {known}")
+            for t in targets:
+                if t not in groups:
+                    raise ConfigError(f"{key}.{src}", f"unknown fallback group {t!r}; known groups: {known}")
+                if t == src:
+                    raise ConfigError(f"{key}.{src}", "a group cannot fall back to itself")
+    for t in self.default_fallbacks:
+        if t not in groups:
+            raise ConfigError("default_fallbacks", f"unknown model group {t!r}; known groups: {known}")
+    for g in self.policy.groups:
+        if g not in groups:
+            raise ConfigError("resilience.groups", f"unknown model group {g!r}; known groups: {known}")
 
 
 def _fallback_map(value: Any, field: str) -> FallbackMap:
@@ -358,13 +358,14 @@ def build_spec(
         "content_policy_fallbacks",
     )
     dfb = default_fallbacks if default_fallbacks is not None else settings.get("default_fallbacks")
-    if dfb is not None and (
-        not isinstance(dfb, list) or not all(isinstance(x, str) for x in dfb)
-    ):
+    if dfb is not None and (not isinstance(dfb, list) or not all(isinstance(x, str) for x in dfb)):
         raise ConfigError("default_fallbacks", "expected a list of model group names")
     passthrough = {k: v for k, v in settings.items() if k not in OWNED_ROUTER_SETTINGS}
+    for i, d in enumerate(model_list):
+        if not isinstance(d, Mapping):
+            raise ConfigError(f"model_list[{i}]", "must be a mapping with model_name and litellm_params")
     try:
-        return RouterSpec(
+        spec = RouterSpec(
             model_list=model_list,
             router_settings=passthrough,
             fallbacks=fb,
@@ -375,6 +376,8 @@ def build_spec(
         )
     except ValidationError as e:
         raise _format_validation_error(e, "") from None
+    _check_spec(spec)
+    return spec
 
 
 def load_config(path: str | Path) -> RouterSpec:
@@ -393,8 +396,14 @@ def spec_from_mapping(raw: Any, source: str = "config") -> RouterSpec:
     """Validate a parsed config mapping (the YAML's top level)."""
     if not isinstance(raw, Mapping):
         raise ConfigError(source, "the top level must be a mapping with model_list")
-    unknown = set(raw) - {"model_list", "router_settings", "resilience", "litellm_settings",
-                          "general_settings", "environment_variables"}
+    unknown = set(raw) - {
+        "model_list",
+        "router_settings",
+        "resilience",
+        "litellm_settings",
+        "general_settings",
+        "environment_variables",
+    }
     if unknown:
         raise ConfigError(
             ", ".join(sorted(unknown)),

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from llm_resilience_plugin.events import AttemptRecord, CallReport
 
 
-class ErrorClass(str, enum.Enum):
+class ErrorClass(enum.StrEnum):
     """What kind of failure an attempt met; the router's action depends only on this."""
 
     RATE_LIMIT = "rate_limit"
@@ -150,9 +150,7 @@ class Failure:
     @property
     def counts_against_deployment(self) -> bool:
         """Whether this failure is evidence that the deployment is unhealthy."""
-        return self.error_class not in CALLER_ERRORS and self.error_class is not (
-            ErrorClass.CIRCUIT_OPEN
-        )
+        return self.error_class not in CALLER_ERRORS and self.error_class is not (ErrorClass.CIRCUIT_OPEN)
 
 
 _CONTENT_POLICY_RE = re.compile(
@@ -272,9 +270,7 @@ def _class_of(exc: BaseException, status: int | None, message: str) -> ErrorClas
         return ErrorClass.TIMEOUT
     if status == 429 or isinstance(exc, litellm.RateLimitError | openai.RateLimitError):
         return ErrorClass.AUTH if _QUOTA_RE.search(message) else ErrorClass.RATE_LIMIT
-    if status in (401, 403) or isinstance(
-        exc, litellm.AuthenticationError | litellm.PermissionDeniedError
-    ):
+    if status in (401, 403) or isinstance(exc, litellm.AuthenticationError | litellm.PermissionDeniedError):
         return ErrorClass.AUTH
     if isinstance(exc, litellm.APIConnectionError | openai.APIConnectionError) or isinstance(
         exc, httpx.TransportError | ConnectionError

@@ -173,4 +173,6 @@ class EventBus:
             except Exception:
                 logger.exception("llm_resilience event listener failed")
         if logger.isEnabledFor(logging.DEBUG):
-            logger.debug(event_name(event), extra={"llm_event": event_dict(event), "llm_event_name": event_name(event)})
+            logger.debug(
+                event_name(event), extra={"llm_event": event_dict(event), "llm_event_name": event_name(event)}
+            )

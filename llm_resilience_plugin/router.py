@@ -8,13 +8,14 @@ LiteLLM's own routing strategy picks among the ones this plugin admits (a deploy
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import copy
 import itertools
 import random
 import threading
 import uuid
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -134,7 +135,10 @@ class _AttemptContext:
         for guard, token in tokens:
             try:
                 guard.after_attempt(
-                    token, deployment_id=self.picked, response=response, usage=usage,
+                    token,
+                    deployment_id=self.picked,
+                    response=response,
+                    usage=usage,
                     failure=failure,
                 )
             except Exception:
@@ -289,8 +293,8 @@ class _SyncRunner:
                 self._loop = loop
             return self._loop
 
-    def run(self, coro: Awaitable[Any]) -> Any:
-        fut = asyncio.run_coroutine_threadsafe(coro, self.loop())  # type: ignore[arg-type]
+    def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        fut: concurrent.futures.Future[Any] = asyncio.run_coroutine_threadsafe(coro, self.loop())
         try:
             return fut.result()
         except BaseException:
@@ -691,8 +695,12 @@ class ResilientRouter:
                 self._emit(
                     ctx,
                     RetryScheduled(
-                        ctx.call_id, group, rs.attempt_number, sleep_s,
-                        exc.failure.error_class, exc.deployment_id,
+                        ctx.call_id,
+                        group,
+                        rs.attempt_number,
+                        sleep_s,
+                        exc.failure.error_class,
+                        exc.deployment_id,
                     ),
                 )
             if ctx.before_retry is not None:
@@ -745,7 +753,10 @@ class ResilientRouter:
         started_wall = self._clock.wall()
         if remaining <= pol.min_attempt_time:
             failure = Failure(
-                ErrorClass.TIMEOUT, None, "call deadline exhausted before the attempt", None,
+                ErrorClass.TIMEOUT,
+                None,
+                "call deadline exhausted before the attempt",
+                None,
                 TimeoutError("call deadline exhausted"),
             )
             self._record(ctx, group, level, None, failure, started_wall, 0.0, wait_before, "skipped")
@@ -788,8 +799,15 @@ class ResilientRouter:
         if dep is not None and actx.picked != dep:
             actx._pick(str(dep))
         self._on_success(
-            ctx, group, level, actx, started_wall, latency, wait_before,
-            response=resp, usage=_usage_of(resp),
+            ctx,
+            group,
+            level,
+            actx,
+            started_wall,
+            latency,
+            wait_before,
+            response=resp,
+            usage=_usage_of(resp),
         )
         return resp
 
@@ -967,9 +985,7 @@ def get_report(obj: Any) -> CallReport | None:
 def _chunk_has_payload(chunk: Any) -> bool:
     for choice in getattr(chunk, "choices", None) or []:
         delta = getattr(choice, "delta", None)
-        if delta is not None and (
-            getattr(delta, "content", None) or getattr(delta, "tool_calls", None)
-        ):
+        if delta is not None and (getattr(delta, "content", None) or getattr(delta, "tool_calls", None)):
             return True
         if getattr(choice, "finish_reason", None):
             return True
@@ -1071,8 +1087,7 @@ class ResilientStream:
         except Exception as exc:
             self._fail(exc)
             raise StreamInterruptedError(
-                f"stream from {self._actx.picked} failed after {len(self.partial_text)} chars: "
-                f"{exc}",
+                f"stream from {self._actx.picked} failed after {len(self.partial_text)} chars: {exc}",
                 self.partial_text,
                 exc,
                 self.report,
@@ -1104,8 +1119,15 @@ class ResilientStream:
         r = self._router
         latency = r._clock.monotonic() - self._t0
         r._on_success(
-            self._ctx, self._group, self._level, self._actx, self._started_wall, latency,
-            self._wait_before, self._ttft, usage=self.usage,
+            self._ctx,
+            self._group,
+            self._level,
+            self._actx,
+            self._started_wall,
+            latency,
+            self._wait_before,
+            self._ttft,
+            usage=self.usage,
         )
         self.report.usage = self.usage
         self.report.deployment_id = self._actx.picked
@@ -1120,7 +1142,13 @@ class ResilientStream:
         failure = classify(exc)
         latency = r._clock.monotonic() - self._t0
         r._on_failure(
-            self._ctx, self._group, self._level, self._actx, failure, self._started_wall, latency,
+            self._ctx,
+            self._group,
+            self._level,
+            self._actx,
+            failure,
+            self._started_wall,
+            latency,
             self._wait_before,
         )
         self.report.outcome = "failure"
@@ -1179,4 +1207,3 @@ class SyncResilientStream:
 
     def close(self) -> None:
         self._runner.run(self._stream.aclose())
-

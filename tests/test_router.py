@@ -4,6 +4,7 @@ class, Retry-After, breakers, fallbacks, deadlines, concurrency."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 import time
 
@@ -22,7 +23,7 @@ from tests.conftest import MSG, RouterFactory
 
 def gaps(sim: ProviderSimulator, dep: str) -> list[float]:
     reqs = sim.requests(dep)
-    return [b.started_at - a.started_at for a, b in zip(reqs, reqs[1:], strict=False)]
+    return [b.started_at - a.started_at for a, b in itertools.pairwise(reqs)]
 
 
 # -- the plugin owns every retry layer ------------------------------------------------------------
@@ -96,9 +97,7 @@ async def test_error_class_actions_with_fallback(
     assert {a.error_class for a in rep.attempts if a.outcome == "failure"} == {error_class}
 
 
-async def test_bad_request_is_never_retried_and_keeps_the_provider_error(
-    make_router: RouterFactory, sim
-):
+async def test_bad_request_is_never_retried_and_keeps_the_provider_error(make_router: RouterFactory, sim):
     router = make_router({"primary": ["a"], "backup": ["b"]}, fallbacks=[{"primary": ["backup"]}])
     sim.set_default("a", Fault.not_found())
     with pytest.raises(litellm.NotFoundError) as info:
@@ -109,9 +108,7 @@ async def test_bad_request_is_never_retried_and_keeps_the_provider_error(
     assert rep is not None and rep.attempts[0].error_class is ErrorClass.BAD_REQUEST
 
 
-async def test_context_window_goes_to_context_window_fallbacks_only(
-    make_router: RouterFactory, sim
-):
+async def test_context_window_goes_to_context_window_fallbacks_only(make_router: RouterFactory, sim):
     router = make_router(
         {"primary": ["a"], "backup": ["b"], "big": ["c"]},
         fallbacks=[{"primary": ["backup"]}],
@@ -124,9 +121,7 @@ async def test_context_window_goes_to_context_window_fallbacks_only(
     assert (sim.count("a"), sim.count("b"), sim.count("c")) == (1, 0, 1)
 
 
-async def test_context_window_without_fallback_raises_provider_error(
-    make_router: RouterFactory, sim
-):
+async def test_context_window_without_fallback_raises_provider_error(make_router: RouterFactory, sim):
     router = make_router({"primary": ["a"]})
     sim.set_default("a", Fault.context_length())
     with pytest.raises(litellm.ContextWindowExceededError):
@@ -134,9 +129,7 @@ async def test_context_window_without_fallback_raises_provider_error(
     assert sim.count("a") == 1
 
 
-async def test_content_policy_not_retried_and_not_sent_to_generic_fallback(
-    make_router: RouterFactory, sim
-):
+async def test_content_policy_not_retried_and_not_sent_to_generic_fallback(make_router: RouterFactory, sim):
     router = make_router({"primary": ["a"], "backup": ["b"]}, fallbacks=[{"primary": ["backup"]}])
     sim.set_default("a", Fault.content_filter())
     with pytest.raises(litellm.BadRequestError) as info:
@@ -157,12 +150,8 @@ async def test_content_policy_fallback_used_where_configured(make_router: Router
     assert (sim.count("a"), sim.count("b")) == (1, 1)
 
 
-async def test_non_retryable_error_is_not_masked_by_later_fallback_error(
-    make_router: RouterFactory, sim
-):
-    router = make_router(
-        {"primary": ["a"], "big": ["b"]}, context_window_fallbacks=[{"primary": ["big"]}]
-    )
+async def test_non_retryable_error_is_not_masked_by_later_fallback_error(make_router: RouterFactory, sim):
+    router = make_router({"primary": ["a"], "big": ["b"]}, context_window_fallbacks=[{"primary": ["big"]}])
     sim.set_default("a", Fault.context_length())
     sim.set_default("b", Fault.server_error(500))
     with pytest.raises(litellm.ContextWindowExceededError) as info:
@@ -195,9 +184,7 @@ async def test_retry_after_as_http_date_is_parsed(make_router: RouterFactory, si
     assert clock.slept and 1.5 <= clock.slept[0] <= 3.5
 
 
-async def test_retry_after_beyond_deadline_fails_over_without_sleeping(
-    make_router: RouterFactory, sim
-):
+async def test_retry_after_beyond_deadline_fails_over_without_sleeping(make_router: RouterFactory, sim):
     clock = FakeClock()
     router = make_router(
         {"primary": ["a"], "backup": ["b"]},
@@ -214,9 +201,7 @@ async def test_retry_after_beyond_deadline_fails_over_without_sleeping(
     assert (sim.count("a"), sim.count("b")) == (1, 1)
 
 
-async def test_retry_after_on_one_deployment_moves_to_the_other_at_once(
-    make_router: RouterFactory, sim
-):
+async def test_retry_after_on_one_deployment_moves_to_the_other_at_once(make_router: RouterFactory, sim):
     clock = FakeClock()
     router = make_router({"primary": ["a", "b"]}, clock=clock)
     sim.set_default("a", Fault.rate_limit(retry_after=20))
@@ -319,9 +304,7 @@ async def test_concurrent_calls_lose_and_duplicate_no_attempt(make_router: Route
     )
     sim.set_default("a", Fault.flaky(0.3, Fault.server_error(500), seed=1))
     sim.set_default("b", Fault.flaky(0.3, Fault.rate_limit(), seed=2))
-    results = await asyncio.gather(
-        *(router.acompletion(model="primary", messages=MSG) for _ in range(200))
-    )
+    results = await asyncio.gather(*(router.acompletion(model="primary", messages=MSG) for _ in range(200)))
     reports = [get_report(r) for r in results]
     assert all(r is not None and r.outcome == "success" for r in reports)
     assert sum(r.upstream_requests for r in reports if r) == sim.count()
@@ -346,9 +329,7 @@ async def test_breaker_opens_and_dead_deployment_gets_no_traffic(make_router: Ro
     for _ in range(20):
         await router.acompletion(model="primary", messages=MSG)
     assert sim.count("a") == dead_before
-    assert [(t.deployment_id, t.old_state, t.new_state) for t in transitions] == [
-        ("a", "closed", "open")
-    ]
+    assert [(t.deployment_id, t.old_state, t.new_state) for t in transitions] == [("a", "closed", "open")]
 
 
 async def test_all_deployments_open_fails_over_without_sending(make_router: RouterFactory, sim):
@@ -369,9 +350,7 @@ async def test_all_deployments_open_fails_over_without_sending(make_router: Rout
     assert rep.upstream_requests == 1
 
 
-async def test_exactly_one_probe_in_half_open_under_200_concurrent_calls(
-    make_router: RouterFactory, sim
-):
+async def test_exactly_one_probe_in_half_open_under_200_concurrent_calls(make_router: RouterFactory, sim):
     clock = FakeClock()
     router = make_router(
         {"primary": ["a", "b"]},
@@ -385,9 +364,7 @@ async def test_exactly_one_probe_in_half_open_under_200_concurrent_calls(
     clock.advance(11)
     sim.clear_log()
     sim.set_default("a", Fault.ok(latency=0.3))  # the probe stays in flight while others arrive
-    results = await asyncio.gather(
-        *(router.acompletion(model="primary", messages=MSG) for _ in range(200))
-    )
+    results = await asyncio.gather(*(router.acompletion(model="primary", messages=MSG) for _ in range(200)))
     assert len(results) == 200
     assert sim.count("a") == 1
     assert router.breakers()["a"]["state"] == "closed"
@@ -414,9 +391,7 @@ async def test_failed_probe_reopens(make_router: RouterFactory, sim):
     assert router.breakers()["a"]["state"] == "open"
 
 
-async def test_flapping_deployment_served_by_fallback_then_back_on_primary(
-    make_router: RouterFactory, sim
-):
+async def test_flapping_deployment_served_by_fallback_then_back_on_primary(make_router: RouterFactory, sim):
     from llm_resilience_plugin import Clock
 
     reset_timeout = 0.3
