@@ -124,8 +124,9 @@ Responses follow OpenAI's wire format (``chat.completion`` / ``chat.completion.c
   not a ``tool`` message, the reply is one tool call (finish ``"tool_calls"``) to the function
   named by ``tool_choice``, else the tool whose name occurs first in the last user message,
   else the first tool.  Arguments are generated from the JSON schema: integers and numbers take
-  the numbers found in the last user message in order (else ``1`` / ``1.0``), strings
-  ``"example"`` (or the first ``enum`` value), booleans ``true``, arrays ``[]`` (``minItems``
+  the numbers found in the last user message in order (else ``1`` / ``1.0``), strings the
+  phrases quoted ('x', "x" or `x`) in that message in order (else ``"example"``; an ``enum``
+  gives its first value), booleans ``true``, arrays ``[]`` (``minItems``
   items when required), objects recursively; ``anyOf``/``oneOf`` use the first non-null branch
   and ``$ref`` is resolved.  After a ``tool`` message the text is
   ``"The tool returned: <content>."``.
@@ -189,6 +190,7 @@ _DONE_EVENT = b"data: [DONE]\n\n"
 _WORD_RE = re.compile(r"\s*\S+\s*")
 _NUMBER_RE = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?")
 _QUOTED_KEY_RE = re.compile(r"(?<!\w)([\"'`])([A-Za-z_][A-Za-z0-9_\-]{0,63})\1(?!\w)")
+_QUOTED_PHRASE_RE = re.compile(r"(?<!\w)([\"'`])([^\"'`\n]{1,200}?)\1(?!\w)")
 _TOOL_ARG_FRAGMENT = 16
 _MAX_SCHEMA_DEPTH = 12
 
@@ -409,9 +411,7 @@ class Fault:
     @staticmethod
     def malformed_chunk(after_chunks: int = 1) -> Behavior:
         """Insert one invalid-JSON event after ``after_chunks`` chunks (non-stream: bad body)."""
-        return Behavior(
-            kind="malformed_chunk", after_chunks=_check_count("after_chunks", after_chunks)
-        )
+        return Behavior(kind="malformed_chunk", after_chunks=_check_count("after_chunks", after_chunks))
 
     @staticmethod
     def no_done() -> Behavior:
@@ -532,6 +532,10 @@ def _split_words(text: str) -> list[str]:
     return _WORD_RE.findall(text)
 
 
+def _quoted(text: str) -> list[str]:
+    return [m.group(2) for m in _QUOTED_PHRASE_RE.finditer(text)]
+
+
 def _numbers(text: str) -> list[float]:
     return [float(m) for m in _NUMBER_RE.findall(text)]
 
@@ -539,9 +543,16 @@ def _numbers(text: str) -> list[float]:
 class _SchemaFaker:
     """Generates a deterministic instance of a JSON schema."""
 
-    def __init__(self, root: Any, numbers: Sequence[float], name_strings: bool) -> None:
+    def __init__(
+        self,
+        root: Any,
+        numbers: Sequence[float],
+        name_strings: bool,
+        strings: Sequence[str] = (),
+    ) -> None:
         self._root = root
         self._numbers = deque(numbers)
+        self._strings = deque(strings)
         self._name_strings = name_strings
 
     def generate(self, schema: Any, name: str = "", depth: int = 0) -> Any:
@@ -616,7 +627,10 @@ class _SchemaFaker:
         fmt = schema.get("format")
         if isinstance(fmt, str) and fmt in formats:
             return formats[fmt]
-        value = f"example {name}" if self._name_strings and name else "example"
+        if self._strings:
+            value = self._strings.popleft()
+        else:
+            value = f"example {name}" if self._name_strings and name else "example"
         min_len = schema.get("minLength")
         if isinstance(min_len, int) and len(value) < min_len:
             value = value + "x" * (min_len - len(value))
@@ -766,11 +780,13 @@ def _build_reply(body: Mapping[str, Any], deployment: str, text: str | None) -> 
             function = _pick_tool(body.get("tools"), body.get("tool_choice", "auto"), user_text)
             if function is not None:
                 params = function.get("parameters") or {"type": "object", "properties": {}}
-                faker = _SchemaFaker(params, _numbers(user_text), name_strings=False)
+                faker = _SchemaFaker(
+                    params, _numbers(user_text), name_strings=False, strings=_quoted(user_text)
+                )
                 args = faker.generate(params)
                 if not isinstance(args, dict):
                     args = {}
-                arguments = json.dumps(args)
+                arguments = json.dumps(args, ensure_ascii=False)
                 call = {"name": function["name"], "arguments": arguments}
                 return _Reply(
                     content=None,
@@ -783,14 +799,10 @@ def _build_reply(body: Mapping[str, Any], deployment: str, text: str | None) -> 
             if text is None:
                 text = _default_text(deployment, user_text)
     words, finish = _apply_limits(text, body)
-    return _Reply(
-        content="".join(words), words=words, finish_reason=finish, completion_tokens=len(words)
-    )
+    return _Reply(content="".join(words), words=words, finish_reason=finish, completion_tokens=len(words))
 
 
-def _structured_text(
-    body: Mapping[str, Any], messages: Sequence[Any], user_text: str
-) -> str | None:
+def _structured_text(body: Mapping[str, Any], messages: Sequence[Any], user_text: str) -> str | None:
     response_format = body.get("response_format")
     if not isinstance(response_format, dict):
         return None
@@ -801,9 +813,10 @@ def _structured_text(
         if not isinstance(schema, dict):
             schema = {"type": "object", "properties": {}}
         faker = _SchemaFaker(schema, _numbers(user_text), name_strings=True)
-        return json.dumps(faker.generate(schema, "answer"))
+        return json.dumps(faker.generate(schema, "answer"), ensure_ascii=False)
     if kind == "json_object":
-        return json.dumps(_json_object_reply(messages, _default_text("simulator", user_text)))
+        reply = _json_object_reply(messages, _default_text("simulator", user_text))
+        return json.dumps(reply, ensure_ascii=False)
     return None
 
 
@@ -888,7 +901,7 @@ def _finish(record: _MutableRecord) -> None:
 
 
 def _sse(payload: JSONDict) -> bytes:
-    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+    return b"data: " + json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
 
 
 # --------------------------------------------------------------------------------------------
@@ -1105,9 +1118,7 @@ class ProviderSimulator:
     def set_context_window(self, deployment: str, tokens: int | None) -> None:
         """Reject prompts estimated above ``tokens`` with the context-length 400 (None: off)."""
         _check_deployment(deployment)
-        if tokens is not None and (
-            isinstance(tokens, bool) or not isinstance(tokens, int) or tokens <= 0
-        ):
+        if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens <= 0):
             raise ValueError(f"tokens must be a positive integer or None, got {tokens!r}")
         with self._lock:
             self._state(deployment).context_window = tokens
@@ -1117,9 +1128,7 @@ class ProviderSimulator:
     def requests(self, deployment: str | None = None) -> list[RequestRecord]:
         """Snapshot of the request log (arrival order), optionally for one deployment."""
         with self._lock:
-            return [
-                r.snapshot() for r in self._log if deployment is None or r.deployment == deployment
-            ]
+            return [r.snapshot() for r in self._log if deployment is None or r.deployment == deployment]
 
     def count(self, deployment: str | None = None) -> int:
         """Number of logged chat requests, optionally for one deployment."""
@@ -1207,9 +1216,7 @@ class ProviderSimulator:
             stream = body.get("stream") is True
             messages = body.get("messages")
             if not isinstance(parsed, dict) or not isinstance(messages, list):
-                record = _MutableRecord(
-                    deployment, model, stream, started, "bad_request", body, headers
-                )
+                record = _MutableRecord(deployment, model, stream, started, "bad_request", body, headers)
                 with self._lock:
                     self._log.append(record)
                 return await self._send_error(
@@ -1269,13 +1276,14 @@ class ProviderSimulator:
         delay = behavior.latency + behavior.ttft
         if delay > 0:
             await asyncio.sleep(delay)
-        payload = json.dumps(self._completion(call, reply)).encode()
+        payload = json.dumps(self._completion(call, reply), ensure_ascii=False).encode()
         if kind == "malformed_chunk":
             payload = payload[: max(1, len(payload) // 2)]
         response = web.Response(
             status=200,
             body=payload,
             content_type="application/json",
+            charset="utf-8",
             headers={"x-simulator-deployment": call.deployment},
         )
         call.record.status = 200
@@ -1326,8 +1334,9 @@ class ProviderSimulator:
         response = web.Response(
             status=status,
             reason="Overloaded" if status == 529 else None,
-            body=json.dumps({"error": error}).encode(),
+            body=json.dumps({"error": error}, ensure_ascii=False).encode(),
             content_type="application/json",
+            charset="utf-8",
             headers=headers,
         )
         record.status = status
@@ -1496,9 +1505,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--host", default="127.0.0.1", help="interface to bind (127.0.0.1)")
     parser.add_argument("--port", type=int, default=0, help="TCP port (0: pick a free one)")
-    parser.add_argument(
-        "--deployments", default="a", help="comma-separated deployment names to print (a)"
-    )
+    parser.add_argument("--deployments", default="a", help="comma-separated deployment names to print (a)")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.deployments.split(",") if n.strip()]
     simulator = ProviderSimulator(host=args.host, port=args.port)

@@ -165,19 +165,13 @@ def test_fixed_text_default_and_script_fifo(sim: ProviderSimulator, client: http
         "ok",
     ]
     # Other deployments are independent.
-    assert (
-        chat(client, sim, "b")
-        .json()["choices"][0]["message"]["content"]
-        .startswith("Hello from b.")
-    )
+    assert chat(client, sim, "b").json()["choices"][0]["message"]["content"].startswith("Hello from b.")
 
 
 def test_routes_and_model_keyed_deployments(sim: ProviderSimulator, client: httpx.Client) -> None:
     sim.script("gpt-x", Fault.ok(text="by model"))
     base = sim.base_url
-    response = client.post(
-        base + "/v1/chat/completions", json={"model": "gpt-x", "messages": USER_HI}
-    )
+    response = client.post(base + "/v1/chat/completions", json={"model": "gpt-x", "messages": USER_HI})
     assert response.json()["choices"][0]["message"]["content"] == "by model"
     assert response.headers["x-simulator-deployment"] == "gpt-x"
     response = client.post(base + "/chat/completions", json={"model": "m2", "messages": USER_HI})
@@ -190,9 +184,7 @@ def test_routes_and_model_keyed_deployments(sim: ProviderSimulator, client: http
     assert sim.count() == 2  # GETs are not logged
 
 
-def test_bad_request_is_logged_without_consuming_script(
-    sim: ProviderSimulator, client: httpx.Client
-) -> None:
+def test_bad_request_is_logged_without_consuming_script(sim: ProviderSimulator, client: httpx.Client) -> None:
     sim.script("a", Fault.rate_limit())
     response = client.post(url(sim), content=b"{not json", headers={"content-type": "x"})
     assert response.status_code == 400
@@ -323,9 +315,7 @@ def test_context_length_fault_message(sim: ProviderSimulator, client: httpx.Clie
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_reset_aborts_connection(
-    sim: ProviderSimulator, client: httpx.Client, stream: bool
-) -> None:
+def test_reset_aborts_connection(sim: ProviderSimulator, client: httpx.Client, stream: bool) -> None:
     sim.script("a", Fault.reset())
     with pytest.raises(httpx.TransportError):
         chat(client, sim, stream=stream)
@@ -336,9 +326,7 @@ def test_reset_aborts_connection(
     assert chat(client, sim).status_code == 200  # the server is fine afterwards
 
 
-def test_stream_cut_on_non_stream_request_resets(
-    sim: ProviderSimulator, client: httpx.Client
-) -> None:
+def test_stream_cut_on_non_stream_request_resets(sim: ProviderSimulator, client: httpx.Client) -> None:
     sim.script("a", Fault.stream_cut())
     with pytest.raises(httpx.TransportError):
         chat(client, sim)
@@ -367,9 +355,7 @@ def test_silence_max_hold_then_abort(sim: ProviderSimulator, client: httpx.Clien
     assert 0.15 < time.monotonic() - started < 1.0
 
 
-def test_silence_does_not_block_other_requests(
-    sim: ProviderSimulator, client: httpx.Client
-) -> None:
+def test_silence_does_not_block_other_requests(sim: ProviderSimulator, client: httpx.Client) -> None:
     sim.script("a", Fault.silence(max_hold=0.5))
     errors: list[BaseException] = []
 
@@ -390,15 +376,11 @@ def test_silence_does_not_block_other_requests(
     assert len(errors) == 1
 
 
-def test_stream_cut_gives_partial_content_then_error(
-    sim: ProviderSimulator, client: httpx.Client
-) -> None:
+def test_stream_cut_gives_partial_content_then_error(sim: ProviderSimulator, client: httpx.Client) -> None:
     sim.script("a", Fault.stream_cut(after_chunks=2))
     lines: list[str] = []
     with pytest.raises(httpx.RemoteProtocolError):
-        with client.stream(
-            "POST", url(sim), json={"model": "m", "messages": USER_HI, "stream": True}
-        ) as r:
+        with client.stream("POST", url(sim), json={"model": "m", "messages": USER_HI, "stream": True}) as r:
             assert r.status_code == 200
             for line in r.iter_lines():
                 if line:
@@ -408,6 +390,18 @@ def test_stream_cut_gives_partial_content_then_error(
     assert "[DONE]" not in events
     record = sim.requests()[0]
     assert (record.behavior, record.status) == ("stream_cut", 200)
+
+
+def test_stream_cut_beyond_reply_length(sim: ProviderSimulator, client: httpx.Client) -> None:
+    sim.script("a", Fault.stream_cut(after_chunks=100))
+    payload = {"model": "m", "messages": USER_HI, "stream": True}
+    lines: list[str] = []
+    with pytest.raises(httpx.RemoteProtocolError):
+        with client.stream("POST", url(sim), json=payload) as r:
+            lines.extend(line for line in r.iter_lines() if line)
+    events = [line[len("data: ") :] for line in lines]
+    assert stream_content(events) == "Hello from a. You said: hello there."
+    assert all(json.loads(e)["choices"][0]["finish_reason"] is None for e in events)
 
 
 def test_stream_stall(sim: ProviderSimulator) -> None:
@@ -668,9 +662,7 @@ def tool_call_of(response: httpx.Response) -> tuple[str, dict[str, Any], dict[st
 
 
 def test_tool_call_auto_by_name_with_numbers(sim: ProviderSimulator, client: httpx.Client) -> None:
-    messages = [
-        {"role": "user", "content": "What is the value of magic_function(3)? Use the tool."}
-    ]
+    messages = [{"role": "user", "content": "What is the value of magic_function(3)? Use the tool."}]
     response = chat(client, sim, messages=messages, tools=[WEATHER_TOOL, MAGIC_TOOL])
     name, args, data = tool_call_of(response)
     assert (name, args) == ("magic_function", {"input": 3})
@@ -680,9 +672,7 @@ def test_tool_call_auto_by_name_with_numbers(sim: ProviderSimulator, client: htt
 
 
 def test_tool_call_generated_arguments(sim: ProviderSimulator, client: httpx.Client) -> None:
-    messages = [
-        {"role": "user", "content": "get_weather for 5 days, at hour 7, near 1.5 and -2.25"}
-    ]
+    messages = [{"role": "user", "content": "get_weather for 5 days, at hour 7, near 1.5 and -2.25"}]
     response = chat(client, sim, messages=messages, tools=[MAGIC_TOOL, WEATHER_TOOL])
     name, args, _ = tool_call_of(response)
     assert name == "get_weather"
@@ -696,6 +686,27 @@ def test_tool_call_generated_arguments(sim: ProviderSimulator, client: httpx.Cli
         "where": {"lat": 1.5, "lon": -2.25},
         "note": "example",
     }
+
+
+def test_tool_string_arguments_take_quoted_phrases(sim: ProviderSimulator, client: httpx.Client) -> None:
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "unicode_customer",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "customer_name": {"type": "string"},
+                    "description": {"type": "string"},
+                },
+            },
+        },
+    }
+    prompt = "Create a customer named '你好啊集团' (Hello Group) - don't forget it"
+    response = chat(client, sim, messages=[{"role": "user", "content": prompt}], tools=[tool])
+    assert "你好啊集团" in response.text  # sent as UTF-8, not \\u-escaped
+    _, args, _ = tool_call_of(response)
+    assert args == {"customer_name": "你好啊集团", "description": "example"}
 
 
 def test_tool_choice_variants(sim: ProviderSimulator, client: httpx.Client) -> None:
@@ -847,10 +858,7 @@ async def test_concurrent_async_requests(sim: ProviderSimulator) -> None:
     async with httpx.AsyncClient(timeout=5.0) as aclient:
         started = time.monotonic()
         responses = await asyncio.gather(
-            *[
-                aclient.post(url(sim, "a"), json={"model": "m", "messages": USER_HI})
-                for _ in range(50)
-            ]
+            *[aclient.post(url(sim, "a"), json={"model": "m", "messages": USER_HI}) for _ in range(50)]
         )
     assert all(r.status_code == 200 for r in responses)
     assert time.monotonic() - started < 2.0
@@ -1018,12 +1026,8 @@ async def test_litellm_connection_faults(sim: ProviderSimulator, litellm_module:
 
 
 async def test_litellm_tool_call(sim: ProviderSimulator, litellm_module: Any) -> None:
-    messages = [
-        {"role": "user", "content": "What is the value of magic_function(3)? Use the tool."}
-    ]
-    response = await litellm_module.acompletion(
-        **lite_kwargs(sim, messages=messages, tools=[MAGIC_TOOL])
-    )
+    messages = [{"role": "user", "content": "What is the value of magic_function(3)? Use the tool."}]
+    response = await litellm_module.acompletion(**lite_kwargs(sim, messages=messages, tools=[MAGIC_TOOL]))
     call = response.choices[0].message.tool_calls[0]
     assert call.function.name == "magic_function"
     assert json.loads(call.function.arguments) == {"input": 3}
@@ -1039,8 +1043,6 @@ def test_litellm_structured_output(sim: ProviderSimulator, litellm_module: Any) 
         rating: int | None = None
 
     messages = [{"role": "user", "content": "A joke, rated 7"}]
-    response = litellm_module.completion(
-        **lite_kwargs(sim, messages=messages, response_format=Joke)
-    )
+    response = litellm_module.completion(**lite_kwargs(sim, messages=messages, response_format=Joke))
     joke = Joke.model_validate_json(response.choices[0].message.content)
     assert joke == Joke(setup="example setup", punchline="example punchline", rating=7)
