@@ -212,6 +212,9 @@ def _dep_id(d: Mapping[str, Any]) -> str:
 
 
 _ATTEMPTS: dict[str, _AttemptContext] = {}
+# Call ids: a random per-process prefix and a counter (uuid4 costs an urandom syscall per call).
+_CALL_PREFIX = f"{uuid.uuid4().hex[:8]}-"
+_CALL_IDS = itertools.count(1)
 _ATTEMPT_IDS = itertools.count()
 
 
@@ -251,12 +254,34 @@ _HOOK = _RoutingHook()
 _HOOK_LOCK = threading.Lock()
 
 
+_LIVE_ROUTERS = 0
+
+
 def _install_hook() -> None:
+    """Register the hook while at least one ResilientRouter is open (refcounted)."""
+    global _LIVE_ROUTERS
     with _HOOK_LOCK:
+        _LIVE_ROUTERS += 1
         if not any(cb is _HOOK for cb in litellm.callbacks):
             litellm.callbacks.append(_HOOK)
         if not any(cb is _HOOK for cb in litellm.input_callback):
             litellm.input_callback.append(_HOOK)
+
+
+def _uninstall_hook() -> None:
+    """Drop the hook when the last ResilientRouter closes, so plain Routers pay nothing."""
+    global _LIVE_ROUTERS
+    with _HOOK_LOCK:
+        _LIVE_ROUTERS = max(0, _LIVE_ROUTERS - 1)
+        if _LIVE_ROUTERS == 0:
+            for lst in (litellm.callbacks, litellm.input_callback):
+                while any(cb is _HOOK for cb in lst):
+                    lst.remove(_HOOK)
+
+
+def _release(sync: _SyncRunner) -> None:
+    sync.close()
+    _uninstall_hook()
 
 
 # -- per-call context -----------------------------------------------------------------------------
@@ -430,7 +455,7 @@ class ResilientRouter:
         self._policies = {g: self.policy.for_group(g) for g in self._group_deployments}
         self._sync = _SyncRunner()
         _install_hook()
-        weakref.finalize(self, self._sync.close)
+        self._finalizer = weakref.finalize(self, _release, self._sync)
 
     # -- introspection ---------------------------------------------------------------------------
 
@@ -513,8 +538,8 @@ class ResilientRouter:
         return self._sync.run(self._run(ctx, model, messages, kwargs))
 
     def close(self) -> None:
-        """Stop the private loop used by sync calls."""
-        self._sync.close()
+        """Release the private loop used by sync calls and, with the last router, LiteLLM's hook."""
+        self._finalizer()
 
     # -- the loop --------------------------------------------------------------------------------
 
@@ -537,7 +562,7 @@ class ResilientRouter:
             from llm_resilience_plugin.errors import ConfigError
 
             raise ConfigError("deadline", "must be a positive number of seconds")
-        call_id = uuid.uuid4().hex[:16]
+        call_id = f"{_CALL_PREFIX}{next(_CALL_IDS):x}"
         pol = self._policies[model]
         report = CallReport(
             call_id=call_id,

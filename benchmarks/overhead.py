@@ -1,0 +1,126 @@
+"""Overhead of ResilientRouter over a bare litellm.Router on healthy providers.
+
+Both routers drive the same simulator deployments in the same process, in alternating rounds,
+so drift on the machine hits both alike. Prints a Markdown table and writes JSON.
+
+    python benchmarks/overhead.py [--calls 300] [--concurrency 100] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import litellm
+
+import llm_resilience_plugin  # noqa: F401  (offline LiteLLM settings first)
+from llm_resilience_plugin import ResilientRouter
+from llm_resilience_plugin.simulator import ProviderSimulator
+
+MSG = [{"role": "user", "content": "Say hello in five words."}]
+
+
+def model_list(sim: ProviderSimulator) -> list[dict[str, Any]]:
+    return [
+        {
+            "model_name": "primary",
+            "litellm_params": {
+                "model": "openai/gpt-4o-mini",
+                "api_base": sim.api_base(dep),
+                "api_key": "sk-sim",
+            },
+            "model_info": {"id": dep},
+        }
+        for dep in ("a", "b")
+    ]
+
+
+async def run_calls(call: Any, n: int, concurrency: int) -> tuple[float, list[float]]:
+    latencies: list[float] = []
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one() -> None:
+        async with sem:
+            t = time.perf_counter()
+            await call()
+            latencies.append(time.perf_counter() - t)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one() for _ in range(n)))
+    return time.perf_counter() - t0, latencies
+
+
+def write_json(path: str, data: dict[str, Any]) -> Path:
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(data, indent=2))
+    return out
+
+
+def pct(values: list[float], p: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(p / 100 * len(values)))]
+
+
+async def measure(kind: str, sim: ProviderSimulator, n: int, concurrency: int) -> dict[str, float]:
+    if kind == "bare":
+        router: Any = litellm.Router(model_list=model_list(sim), num_retries=0, disable_cooldowns=True)
+
+        async def call() -> Any:
+            return await router.acompletion(model="primary", messages=MSG)
+
+    else:
+        router = ResilientRouter(model_list=model_list(sim))
+
+        async def call() -> Any:
+            return await router.acompletion(model="primary", messages=MSG)
+
+    await run_calls(call, 20, concurrency)  # warm up connections and caches
+    gc.collect()
+    elapsed, lat = await run_calls(call, n, concurrency)
+    if kind != "bare":
+        router.close()
+    return {"throughput": n / elapsed, "p50_ms": pct(lat, 50) * 1e3, "p99_ms": pct(lat, 99) * 1e3}
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--calls", type=int, default=300)
+    ap.add_argument("--concurrency", type=int, default=100)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", default="benchmarks/results/overhead.json")
+    args = ap.parse_args()
+    results: dict[str, Any] = {}
+    with ProviderSimulator() as sim:
+        for label, conc in (("sequential", 1), (f"{args.concurrency}-concurrent", args.concurrency)):
+            runs: dict[str, list[dict[str, float]]] = {"bare": [], "resilient": []}
+            for _ in range(args.rounds):
+                for kind in ("bare", "resilient"):
+                    runs[kind].append(await measure(kind, sim, args.calls, conc))
+            agg = {kind: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for kind, rs in runs.items()}
+            agg["ratio"] = {"throughput": agg["resilient"]["throughput"] / agg["bare"]["throughput"]}
+            agg["added_ms"] = {
+                "p50": agg["resilient"]["p50_ms"] - agg["bare"]["p50_ms"],
+                "p99": agg["resilient"]["p99_ms"] - agg["bare"]["p99_ms"],
+            }
+            results[label] = agg
+    print("| workload | bare calls/s | resilient calls/s | ratio | added p50 ms | added p99 ms |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for label, agg in results.items():
+        print(
+            f"| {label} | {agg['bare']['throughput']:.1f} | {agg['resilient']['throughput']:.1f} | "
+            f"{agg['ratio']['throughput']:.3f} | {agg['added_ms']['p50']:+.2f} | "
+            f"{agg['added_ms']['p99']:+.2f} |"
+        )
+    out = write_json(args.out, {"calls": args.calls, "rounds": args.rounds, "results": results})
+    print(f"\nmedian of {args.rounds} alternating rounds, {args.calls} calls each; JSON: {out}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# One command: set everything up, then lint, type-check and run the whole test suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+export NO_PROXY="127.0.0.1,localhost${NO_PROXY:+,$NO_PROXY}"
+.venv/bin/ruff check llm_resilience_plugin tests benchmarks
+.venv/bin/ruff format --check llm_resilience_plugin tests benchmarks
+.venv/bin/mypy llm_resilience_plugin
+exec .venv/bin/pytest -q -p no:cacheprovider "$@"
