@@ -135,6 +135,31 @@ Responses follow OpenAI's wire format (``chat.completion`` / ``chat.completion.c
   the identifiers quoted ('x', "x" or `x`) in the system messages and the last user message,
   else ``{"answer": ...}``.
 
+How LiteLLM surfaces each fault
+-------------------------------
+Observed with LiteLLM 1.110 (``openai/`` model, ``max_retries=0``), sync and async alike; the
+class is from ``litellm.exceptions``, then ``status_code``:
+
+* 429 (any, incl. token bucket): ``RateLimitError`` 429 (``e.response.headers["retry-after"]``
+  carries ``Retry-After``); 500: ``InternalServerError`` 500; 502: ``BadGatewayError`` 502;
+  503: ``ServiceUnavailableError`` 503; 504: ``Timeout`` 504; 529 ``overloaded()`` and 403:
+  plain ``APIError`` 529 / 403; 401: ``AuthenticationError``; 404: ``NotFoundError``;
+  ``context_length()``: ``ContextWindowExceededError`` 400; ``content_filter()``: plain
+  ``BadRequestError`` 400 (not ``ContentPolicyViolationError`` for ``openai/``); 408 and 422:
+  ``Timeout`` 408 and ``BadRequestError`` 422.  Streams raise the same before the first chunk.
+* ``reset()`` (and a refused connection): ``InternalServerError`` **500**, message ending
+  ``"Connection error."`` -- the only way to tell it from a real 500 is that message or the
+  ``openai.APIConnectionError`` in the ``__cause__`` chain.
+* ``silence()`` / ``stream_stall()``: ``Timeout`` 408 (``"APITimeoutError - Request timed
+  out."``); on a stream the read timeout also fires *during iteration*, for a stall or a
+  ``ttft`` longer than the timeout, because the headers arrived in time.
+* ``stream_cut()`` / ``malformed_chunk()`` on a stream: ``MidStreamFallbackError`` 500 raised
+  while iterating (``generated_content`` holds the text received so far,
+  ``is_pre_first_chunk`` whether any arrived, ``original_exception`` is an
+  ``APIConnectionError``).  It subclasses ``ServiceUnavailableError`` and is not exported as
+  ``litellm.MidStreamFallbackError``.  Non-stream ``malformed_chunk()``: ``InternalServerError``
+  500 with the JSON decode error as message.  ``no_done()`` is accepted silently.
+
 Token estimate (deterministic, no tokenizer)
 --------------------------------------------
 ``estimate_tokens(text) = ceil(len(text) / 4)``.  ``prompt_tokens`` (see
