@@ -436,3 +436,114 @@ async def test_retry_budget_bounds_amplification(make_router: RouterFactory, sim
             await router.acompletion(model="primary", messages=MSG)
     # Without a budget: 150 requests. With it, retries stop once tokens fall below 5.
     assert 50 <= sim.count("a") <= 56
+
+
+# -- pass-through, events, hook lifecycle ---------------------------------------------------------
+
+
+async def test_tools_and_params_pass_through(make_router: RouterFactory, sim):
+    router = make_router({"primary": ["a"]})
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "magic_function",
+                "description": "Apply a magic function",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"input": {"type": "integer"}},
+                    "required": ["input"],
+                },
+            },
+        }
+    ]
+    resp = await router.acompletion(
+        model="primary",
+        messages=[{"role": "user", "content": "What is magic_function(3)? Use the tool."}],
+        tools=tools,
+        tool_choice="required",
+        max_tokens=50,
+        temperature=0,
+    )
+    call = resp.choices[0].message.tool_calls[0]
+    assert call.function.name == "magic_function"
+    assert call.function.arguments.replace(" ", "") == '{"input":3}'
+    body = sim.requests("a")[0].body
+    assert body["max_tokens"] == 50 and body["tool_choice"] == "required"
+    assert "_llm_resilience_attempt" not in str(body)  # plugin metadata never reaches the provider
+
+
+async def test_default_fallbacks_apply_to_every_group(make_router: RouterFactory, sim):
+    router = make_router({"primary": ["a"], "safety-net": ["b"]}, default_fallbacks=["safety-net"])
+    sim.set_default("a", Fault.auth())
+    resp = await router.acompletion(model="primary", messages=MSG)
+    assert get_report(resp).served_group == "safety-net"  # type: ignore[union-attr]
+
+
+async def test_per_call_listener_sees_the_whole_story(make_router: RouterFactory, sim):
+    from llm_resilience_plugin.events import CallReport, FallbackTaken, RetryScheduled
+
+    router = make_router({"primary": ["a"], "backup": ["b"]}, fallbacks=[{"primary": ["backup"]}])
+    sim.set_default("a", Fault.server_error(500))
+    seen: list[object] = []
+    await router.acompletion(model="primary", messages=MSG, listener=seen.append)
+    kinds = [type(e).__name__ for e in seen]
+    assert kinds == [
+        "AttemptRecord",
+        "RetryScheduled",
+        "AttemptRecord",
+        "RetryScheduled",
+        "AttemptRecord",
+        "FallbackTaken",
+        "AttemptRecord",
+        "CallReport",
+    ]
+    retries = [e for e in seen if isinstance(e, RetryScheduled)]
+    assert [r.retry_number for r in retries] == [1, 2]
+    fb = next(e for e in seen if isinstance(e, FallbackTaken))
+    assert (fb.from_group, fb.to_group, fb.reason) == ("primary", "backup", ErrorClass.SERVER)
+    report = seen[-1]
+    assert isinstance(report, CallReport)
+    assert "sk-sim-secret" not in str(report.to_dict())
+
+
+async def test_before_retry_hook_is_awaited_before_each_sleep(make_router: RouterFactory, sim):
+    router = make_router({"primary": ["a"]})
+    sim.script("a", Fault.server_error(500), Fault.rate_limit())
+    states = []
+
+    async def hook(rs) -> None:
+        states.append((rs.attempt_number, rs.upcoming_sleep))
+
+    await router.acompletion(model="primary", messages=MSG, before_retry=hook)
+    assert [n for n, _ in states] == [1, 2]
+    assert sim.count("a") == 3
+
+
+async def test_hook_is_removed_when_the_last_router_closes(make_router: RouterFactory, sim):
+    from llm_resilience_plugin import router as module
+
+    before = module._LIVE_ROUTERS
+    router = make_router({"primary": ["a"]})
+    assert module._LIVE_ROUTERS == before + 1
+    assert any(cb is module._HOOK for cb in litellm.callbacks)
+    router.close()
+    router.close()  # idempotent
+    assert module._LIVE_ROUTERS == before
+    if before == 0:
+        assert not any(cb is module._HOOK for cb in litellm.callbacks)
+    plain = litellm.Router(
+        model_list=[
+            {
+                "model_name": "p",
+                "litellm_params": {
+                    "model": "openai/gpt-4o-mini",
+                    "api_base": sim.api_base("z"),
+                    "api_key": "k",
+                },
+            }
+        ],
+        num_retries=0,
+    )
+    resp = await plain.acompletion(model="p", messages=MSG)
+    assert resp.choices[0].message.content
