@@ -1,0 +1,16 @@
+"""LangChain surface: :class:`ResilientChatModel` and :func:`resilient` / :class:`ResilientRunnable`.
+
+``ResilientChatModel`` is a ``BaseChatModel`` over one model group of a
+:class:`~llm_resilience_plugin.ResilientRouter`; ``resilient(runnable)`` puts the same error
+taxonomy, tenacity retries, a circuit breaker and a deadline around any other Runnable.
+Retries show up as ``on_retry`` callbacks and ``llm_resilience.*`` custom events.
+"""
+
+from __future__ import annotations
+
+from llm_resilience_plugin import _env  # noqa: F401  (before litellm is imported)
+from llm_resilience_plugin.langchain._bridge import EVENT_PREFIX
+from llm_resilience_plugin.langchain.chat_model import ResilientChatModel
+from llm_resilience_plugin.langchain.runnable import ResilientRunnable, resilient
+
+__all__ = ["EVENT_PREFIX", "ResilientChatModel", "ResilientRunnable", "resilient"]

@@ -1,0 +1,204 @@
+"""Router events -> LangChain callbacks: ``on_retry`` and one custom event per attempt, retry,
+fallback and breaker transition, attributed to the LangChain run that made the call.
+
+Custom event names are ``llm_resilience.<kind>`` (``attempt``, ``retry``, ``fallback``,
+``breaker``); the data is the record's JSON-safe ``to_dict()``.
+
+Delivery:
+
+* sync runs (``invoke``/``stream``): the router runs its attempt loop on a private thread while
+  the caller's thread waits; events and ``on_retry`` are delivered from that thread as they
+  happen (the caller's thread is blocked, so nothing else uses the run manager meanwhile);
+* async runs (``ainvoke``/``astream``/``astream_events``): the router's listener is synchronous,
+  so records are queued and delivered, in order, at the next await point: before each retry
+  sleep (then ``on_retry``), before the first chunk of a stream, and when the call ends.
+
+Breaker transitions come from the router-wide event bus; they are attributed to the call in
+whose context they happened (a context variable, which ``asyncio`` and the router's private
+loop both carry into the attempt).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+import weakref
+from collections.abc import Iterator
+from contextvars import ContextVar
+from types import FrameType
+from typing import Any
+
+import tenacity
+from langchain_core.callbacks import (
+    AsyncCallbackManager,
+    AsyncCallbackManagerForChainRun,
+    AsyncCallbackManagerForLLMRun,
+    CallbackManager,
+    CallbackManagerForChainRun,
+    CallbackManagerForLLMRun,
+)
+
+from llm_resilience_plugin.breakers import BreakerTransition
+from llm_resilience_plugin.events import CallReport, Event, event_dict, event_name
+
+logger = logging.getLogger("llm_resilience")
+
+EVENT_PREFIX = "llm_resilience."
+
+SyncRunManager = CallbackManagerForLLMRun | CallbackManagerForChainRun
+AsyncRunManager = AsyncCallbackManagerForLLMRun | AsyncCallbackManagerForChainRun
+AnyRunManager = SyncRunManager | AsyncRunManager
+
+_SINK: ContextVar[EventSink | None] = ContextVar("llm_resilience_langchain_sink", default=None)
+_BRIDGED: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def custom_event_name(event: Event) -> str:
+    return EVENT_PREFIX + event_name(event)
+
+
+def _forward_breaker(event: Event) -> None:
+    if isinstance(event, BreakerTransition):
+        sink = _SINK.get()
+        if sink is not None:
+            sink.on_event(event)
+
+
+def bridge_router(router: Any) -> None:
+    """Subscribe (once per router) the forwarder of breaker transitions to the current call."""
+    if router in _BRIDGED:
+        return
+    router.subscribe(_forward_breaker)
+    _BRIDGED.add(router)
+
+
+def find_run_manager(explicit: Any, *, frames: int = 3) -> Any:
+    """The run manager of the LangChain run driving ``_stream``/``_astream``.
+
+    langchain-core 1.8 stopped passing ``run_manager`` to ``_stream``/``_astream`` on its v1
+    streaming paths (``stream``, ``astream``, and ``invoke`` with a streaming handler attached,
+    which is how ``astream_events`` and LangGraph's "messages" mode drive a model), while it
+    still opens the run and keeps the manager in a local named ``run_manager``. Without it a
+    retry would be invisible to tracers, so the caller's frame is consulted. Must be called
+    from the first line of the generator body (its caller is then the frame iterating it).
+    """
+    if explicit is not None:
+        return explicit
+    frame: FrameType | None
+    try:
+        frame = sys._getframe(2)
+    except ValueError:  # pragma: no cover - shallow stack
+        return None
+    for _ in range(frames):
+        if frame is None:
+            break
+        rm = frame.f_locals.get("run_manager")
+        if isinstance(rm, CallbackManagerForLLMRun | AsyncCallbackManagerForLLMRun):
+            return rm
+        frame = frame.f_back
+    return None
+
+
+class EventSink:
+    """Delivers one call's router events to one LangChain run."""
+
+    def __init__(self, run_manager: AnyRunManager | None, *, enabled: bool = True) -> None:
+        self.run_manager = run_manager
+        self.enabled = enabled and run_manager is not None
+        self.is_async = isinstance(
+            run_manager, AsyncCallbackManagerForLLMRun | AsyncCallbackManagerForChainRun
+        )
+        self.report: CallReport | None = None
+        self.events: list[tuple[str, dict[str, Any]]] = []  # every event, in order
+        self._pending: list[tuple[str, dict[str, Any]]] = []
+        self._sync_manager: CallbackManager | None = None
+        self._async_manager: AsyncCallbackManager | None = None
+
+    # -- the router's per-call listener and before_retry hook ---------------------------------
+
+    def on_event(self, event: Event) -> None:
+        if isinstance(event, CallReport):
+            self.report = event
+            return
+        item = (custom_event_name(event), event_dict(event))
+        self.events.append(item)
+        if not self.enabled:
+            return
+        if self.is_async:
+            self._pending.append(item)
+        else:
+            self._dispatch_sync(*item)
+
+    def before_retry_sync(self, retry_state: tenacity.RetryCallState) -> None:
+        rm = self.run_manager
+        if rm is None or self.is_async:
+            return
+        try:
+            rm.on_retry(retry_state)  # type: ignore[union-attr]
+        except Exception:
+            logger.exception("on_retry callback failed")
+
+    async def before_retry_async(self, retry_state: tenacity.RetryCallState) -> None:
+        await self.aflush()
+        rm = self.run_manager
+        if rm is None:
+            return
+        try:
+            if self.is_async:
+                await rm.on_retry(retry_state)  # type: ignore[union-attr,misc]
+            else:
+                rm.on_retry(retry_state)  # type: ignore[union-attr]
+        except Exception:
+            logger.exception("on_retry callback failed")
+
+    # -- delivery ------------------------------------------------------------------------------
+
+    def _dispatch_sync(self, name: str, data: dict[str, Any]) -> None:
+        rm = self.run_manager
+        assert rm is not None
+        if self._sync_manager is None:
+            self._sync_manager = CallbackManager(
+                handlers=rm.handlers,
+                inheritable_handlers=rm.inheritable_handlers,
+                parent_run_id=rm.run_id,
+                tags=rm.tags,
+                inheritable_tags=rm.inheritable_tags,
+                metadata=rm.metadata,
+                inheritable_metadata=rm.inheritable_metadata,
+            )
+        try:
+            self._sync_manager.on_custom_event(name, data, run_id=rm.run_id)
+        except Exception:
+            logger.exception("custom event %s failed", name)
+
+    async def aflush(self) -> None:
+        if not self._pending:
+            return
+        rm = self.run_manager
+        assert rm is not None
+        items, self._pending = self._pending, []
+        if self._async_manager is None:
+            self._async_manager = AsyncCallbackManager(
+                handlers=rm.handlers,
+                inheritable_handlers=rm.inheritable_handlers,
+                parent_run_id=rm.run_id,
+                tags=rm.tags,
+                inheritable_tags=rm.inheritable_tags,
+                metadata=rm.metadata,
+                inheritable_metadata=rm.inheritable_metadata,
+            )
+        for name, data in items:
+            try:
+                await self._async_manager.on_custom_event(name, data, run_id=rm.run_id)
+            except Exception:
+                logger.exception("custom event %s failed", name)
+
+    @contextlib.contextmanager
+    def scope(self) -> Iterator[None]:
+        """Attribute router-wide events (breaker transitions) raised meanwhile to this call."""
+        token = _SINK.set(self)
+        try:
+            yield
+        finally:
+            _SINK.reset(token)
