@@ -8,7 +8,6 @@ from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import pytest
-from langchain_core.language_models import BaseChatModel
 from langchain_tests.integration_tests import ChatModelIntegrationTests
 
 from llm_resilience_plugin import FakeClock, ResilientRouter
