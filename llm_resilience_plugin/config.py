@@ -92,15 +92,89 @@ class RetryBudgetPolicy(_Model):
     )
 
 
+class HedgePolicy(_Model):
+    """Hedged requests: after ``delay`` send a second request to another healthy deployment;
+    the first complete answer wins and the other is cancelled."""
+
+    enabled: bool = True
+    delay: float | Literal["p95"] = Field(
+        default="p95", description="Seconds, or 'p95': the group's recent p95 latency (TTFT for streams)."
+    )
+    initial_delay: float = Field(default=1.0, gt=0, description="Delay until enough samples for p95.")
+    min_delay: float = Field(default=0.05, ge=0)
+    min_samples: int = Field(default=20, ge=1)
+    max_extra_fraction: float = Field(
+        default=0.1, gt=0, le=1, description="Hedges never exceed this fraction of calls."
+    )
+
+
+class LevelDegradation(_Model):
+    """What changes at one fallback level (1 = first fallback group, ...)."""
+
+    max_tokens: int | None = Field(default=None, ge=1)
+    drop_tools: bool = False
+    deadline: float | None = Field(default=None, gt=0, description="Cap on the time left, in seconds.")
+
+
+class DegradationPolicy(_Model):
+    """Graceful degradation; everything here is off by default."""
+
+    trim_context_on_overflow: bool = Field(
+        default=False,
+        description="Context window exceeded and no larger fallback: trim history and retry once.",
+    )
+    keep_last_messages: int = Field(default=2, ge=1, description="Never trim below this many turns.")
+    static_answers: dict[str, str] = Field(
+        default_factory=dict, description="Scenario key -> text returned when every route fails."
+    )
+    levels: dict[int, LevelDegradation] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _levels_positive(self) -> DegradationPolicy:
+        for level in self.levels:
+            if level < 1:
+                raise ValueError("degradation.levels keys are fallback levels, starting at 1")
+        return self
+
+
+class TierPolicy(_Model):
+    """A priority tier: how hard to try, and when to shed it."""
+
+    max_retries: int | None = Field(default=None, ge=0, le=20, description="Caps retries per class.")
+    deadline: float | None = Field(default=None, gt=0)
+    hedge: bool = True
+    max_fallback_level: int | None = Field(default=None, ge=0)
+    shed_below: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        description="Refuse the call while the retry budget (or a cost budget) is below this fraction.",
+    )
+
+
+def _default_tiers() -> dict[str, TierPolicy]:
+    return {
+        "P0": TierPolicy(),
+        "P1": TierPolicy(shed_below=0.1),
+        "P2": TierPolicy(shed_below=0.25, max_retries=1),
+        "P3": TierPolicy(shed_below=0.5, max_retries=0, hedge=False, max_fallback_level=1),
+    }
+
+
 class GroupPolicy(_Model):
     """Overrides for one model group; unset fields inherit from the top-level policy."""
 
     deadline: float | None = Field(default=None, gt=0)
     attempt_timeout: float | None = Field(default=None, gt=0)
     first_chunk_timeout: float | None = Field(default=None, gt=0)
+    stream_idle_timeout: float | None = Field(default=None, gt=0)
+    connect_timeout: float | None = Field(default=None, gt=0)
     backoff: BackoffPolicy | None = None
     breaker: BreakerPolicy | None = None
     retry_budget: RetryBudgetPolicy | None = None
+    hedge: HedgePolicy | None = None
+    degradation: DegradationPolicy | None = None
+    restart_broken_streams: bool | None = None
     classes: dict[ErrorClass, ClassPolicy] = Field(default_factory=dict)
 
 
@@ -114,13 +188,22 @@ class ResiliencePolicy(_Model):
         gt=0,
         description="Streams: seconds to the first chunk (default: attempt_timeout).",
     )
+    stream_idle_timeout: float | None = Field(
+        default=None, gt=0, description="Streams: longest silence between chunks (default: attempt_timeout)."
+    )
+    connect_timeout: float | None = Field(default=5.0, gt=0, description="TCP/TLS connect, per attempt.")
     min_attempt_time: float = Field(
         default=0.05, ge=0, description="Do not start an attempt with less time than this left."
     )
     backoff: BackoffPolicy = Field(default_factory=BackoffPolicy)
     breaker: BreakerPolicy = Field(default_factory=BreakerPolicy)
     retry_budget: RetryBudgetPolicy = Field(default_factory=RetryBudgetPolicy)
+    hedge: HedgePolicy | None = None
+    degradation: DegradationPolicy = Field(default_factory=DegradationPolicy)
+    restart_broken_streams: bool = False
     classes: dict[ErrorClass, ClassPolicy] = Field(default_factory=_default_class_policies)
+    tiers: dict[str, TierPolicy] = Field(default_factory=_default_tiers)
+    default_tier: str | None = None
     max_fallbacks: int = Field(default=5, ge=0, le=50)
     groups: dict[str, GroupPolicy] = Field(default_factory=dict)
 
@@ -128,31 +211,32 @@ class ResiliencePolicy(_Model):
     def _fill_classes(self) -> ResiliencePolicy:
         merged = {**_default_class_policies(), **self.classes}
         object.__setattr__(self, "classes", merged)
+        if self.default_tier is not None and self.default_tier not in self.tiers:
+            raise ValueError(f"default_tier {self.default_tier!r} is not one of tiers: {sorted(self.tiers)}")
         return self
 
     def for_group(self, group: str) -> EffectivePolicy:
         """The policy in force for ``group``: the group's overrides over the top-level values."""
-        g = self.groups.get(group)
-        if g is None:
-            return EffectivePolicy(
-                deadline=self.deadline,
-                attempt_timeout=self.attempt_timeout,
-                first_chunk_timeout=self.first_chunk_timeout or self.attempt_timeout,
-                min_attempt_time=self.min_attempt_time,
-                backoff=self.backoff,
-                breaker=self.breaker,
-                retry_budget=self.retry_budget,
-                classes=self.classes,
-            )
-        attempt = g.attempt_timeout or self.attempt_timeout
+        g = self.groups.get(group) or GroupPolicy()
+
+        def pick(name: str) -> Any:
+            value = getattr(g, name)
+            return value if value is not None else getattr(self, name)
+
+        attempt = pick("attempt_timeout")
         return EffectivePolicy(
-            deadline=g.deadline or self.deadline,
+            deadline=pick("deadline"),
             attempt_timeout=attempt,
-            first_chunk_timeout=g.first_chunk_timeout or self.first_chunk_timeout or attempt,
+            first_chunk_timeout=pick("first_chunk_timeout") or attempt,
+            stream_idle_timeout=pick("stream_idle_timeout") or attempt,
+            connect_timeout=pick("connect_timeout"),
             min_attempt_time=self.min_attempt_time,
-            backoff=g.backoff or self.backoff,
-            breaker=g.breaker or self.breaker,
-            retry_budget=g.retry_budget or self.retry_budget,
+            backoff=pick("backoff"),
+            breaker=pick("breaker"),
+            retry_budget=pick("retry_budget"),
+            hedge=pick("hedge"),
+            degradation=pick("degradation"),
+            restart_broken_streams=pick("restart_broken_streams"),
             classes={**self.classes, **g.classes},
         )
 
@@ -163,10 +247,15 @@ class EffectivePolicy(_Model):
     deadline: float
     attempt_timeout: float
     first_chunk_timeout: float
+    stream_idle_timeout: float
+    connect_timeout: float | None
     min_attempt_time: float
     backoff: BackoffPolicy
     breaker: BreakerPolicy
     retry_budget: RetryBudgetPolicy
+    hedge: HedgePolicy | None
+    degradation: DegradationPolicy
+    restart_broken_streams: bool
     classes: dict[ErrorClass, ClassPolicy]
 
 

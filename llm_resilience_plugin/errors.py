@@ -88,6 +88,20 @@ class CircuitOpenError(ResilienceError):
         )
 
 
+class LoadShedError(ResilienceError):
+    """The call's priority tier is shed while the retry or cost budget runs low (nothing sent)."""
+
+    def __init__(self, tier: str, budget: str, fraction: float, threshold: float) -> None:
+        self.tier = tier
+        self.budget = budget
+        self.fraction = fraction
+        self.threshold = threshold
+        super().__init__(
+            f"priority tier {tier!r} shed: {budget} at {fraction:.0%} of capacity, "
+            f"below the tier's shed_below {threshold:.0%}; retry later or raise the call's priority"
+        )
+
+
 class BudgetExceededError(ResilienceError):
     """A reservation did not fit a budget; raised before any request is sent."""
 

@@ -78,6 +78,37 @@ class FallbackTaken:
         return d
 
 
+@dataclass(frozen=True, slots=True)
+class HedgeSent:
+    """A hedge request was sent because the first attempt had not answered within ``delay_s``."""
+
+    call_id: str
+    model_group: str
+    delay_s: float
+    first_deployment: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class StreamRestart:
+    """A broken stream restarts from scratch on another route (opt-in). Also yielded in-band by
+    the stream, so callers that buffer know to discard what they have."""
+
+    call_id: str
+    model_group: str
+    discarded_text: str
+    error_class: ErrorClass
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["error_class"] = str(self.error_class)
+        d["discarded_chars"] = len(self.discarded_text)
+        del d["discarded_text"]
+        return d
+
+
 @dataclass(slots=True)
 class CallReport:
     """What happened in one logical call; reach it with :func:`llm_resilience_plugin.get_report`."""
@@ -98,6 +129,11 @@ class CallReport:
     usage: dict[str, int] | None = None
     response_cost: float | None = None
     idempotency_key: str | None = None
+    priority: str | None = None
+    degraded: list[str] = field(default_factory=list)
+    hedged: bool = False
+    replayed: bool = False
+    stream_restarts: int = 0
 
     @property
     def upstream_requests(self) -> int:
@@ -125,17 +161,32 @@ class CallReport:
             "usage": self.usage,
             "response_cost": self.response_cost,
             "idempotency_key": self.idempotency_key,
+            "priority": self.priority,
+            "degraded": list(self.degraded),
+            "hedged": self.hedged,
+            "replayed": self.replayed,
+            "stream_restarts": self.stream_restarts,
             "attempts": [a.to_dict() for a in self.attempts],
         }
 
 
-Event = AttemptRecord | RetryScheduled | FallbackTaken | BreakerTransition | CallReport
+Event = (
+    AttemptRecord
+    | RetryScheduled
+    | FallbackTaken
+    | HedgeSent
+    | StreamRestart
+    | BreakerTransition
+    | CallReport
+)
 Listener = Callable[[Event], None]
 
 _EVENT_NAMES: dict[type, str] = {
     AttemptRecord: "attempt",
     RetryScheduled: "retry",
     FallbackTaken: "fallback",
+    HedgeSent: "hedge",
+    StreamRestart: "stream_restart",
     BreakerTransition: "breaker",
     CallReport: "call",
 }

@@ -101,6 +101,14 @@ class RetryBudget:
         with self._lock:
             self._tokens = min(self.policy.capacity, self._tokens + self.policy.refund_per_success)
 
+    def spend(self) -> None:
+        """A hedge draws a token as a failure would."""
+        self.on_failure()
+
+    @property
+    def fraction(self) -> float:
+        return self._tokens / self.policy.capacity
+
     def allows_retry(self) -> bool:
         if not self.policy.enabled:
             return True
@@ -132,6 +140,7 @@ class GroupRetryState:
     rng: random.Random
     # Seconds until a deployment of the group can be tried without a Retry-After hold; 0 if now.
     earliest_free: Callable[[], float]
+    retry_cap: int | None = None  # a priority tier's limit on retries per class
     retries_by_class: dict[ErrorClass, int] = field(default_factory=dict)
     gave_up_reason: str | None = None
 
@@ -144,8 +153,9 @@ class GroupRetryState:
             self.gave_up_reason = f"{f.error_class} is not retried ({cp.action})"
             return False
         used = self.retries_by_class.get(f.error_class, 0)
-        if used >= cp.max_retries:
-            self.gave_up_reason = f"{f.error_class}: {cp.max_retries} retries used"
+        allowed = cp.max_retries if self.retry_cap is None else min(cp.max_retries, self.retry_cap)
+        if used >= allowed:
+            self.gave_up_reason = f"{f.error_class}: {allowed} retries used"
             return False
         if not self.budget.allows_retry():
             self.gave_up_reason = "retry budget exhausted"

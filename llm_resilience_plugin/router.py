@@ -15,11 +15,12 @@ import random
 import threading
 import uuid
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+import httpx
 import litellm
 import tenacity
 from litellm.integrations.custom_logger import CustomLogger
@@ -30,17 +31,25 @@ from llm_resilience_plugin.config import (
     EffectivePolicy,
     ResiliencePolicy,
     RouterSpec,
+    TierPolicy,
     build_spec,
     load_config,
     spec_from_mapping,
 )
+from llm_resilience_plugin.degradation import (
+    apply_level,
+    context_limit_from_error,
+    static_response,
+    trim_messages,
+)
 from llm_resilience_plugin.errors import (
     AllRoutesFailedError,
     CircuitOpenError,
+    ConfigError,
     DeadlineExceededError,
     ErrorClass,
     Failure,
-    StreamInterruptedError,
+    LoadShedError,
     UnknownModelGroupError,
     classify,
 )
@@ -50,8 +59,16 @@ from llm_resilience_plugin.events import (
     Event,
     EventBus,
     FallbackTaken,
+    HedgeSent,
     Listener,
     RetryScheduled,
+)
+from llm_resilience_plugin.hedging import HedgeState
+from llm_resilience_plugin.idempotency import (
+    IdempotencyStore,
+    SingleFlight,
+    fingerprint,
+    open_store,
 )
 from llm_resilience_plugin.retry import (
     AttemptFailed,
@@ -61,6 +78,13 @@ from llm_resilience_plugin.retry import (
     RetryBudget,
     build_retrying,
 )
+from llm_resilience_plugin.streams import (
+    ResilientStream,
+    StaticStream,
+    SyncResilientStream,
+    prefetch_stream,
+)
+from llm_resilience_plugin.streams import discard as _discard
 
 _META_KEY = "_llm_resilience_attempt"
 REPORT_KEY = "llm_resilience_report"
@@ -122,6 +146,7 @@ class _AttemptContext:
     router: ResilientRouter
     call: _CallContext
     group: str
+    exclude: frozenset[str] = frozenset()
     admission: Admission | None = None
     generations: dict[str, int] = field(default_factory=dict)
     picked: str | None = None
@@ -165,7 +190,7 @@ class _AttemptContext:
             if b is None:
                 preferred.append(d)
                 continue
-            if dep in call.never_again:
+            if dep in call.never_again or dep in self.exclude:
                 blocked.append(dep)
                 continue
             state = b.state
@@ -287,6 +312,40 @@ def _release(sync: _SyncRunner) -> None:
 # -- per-call context -----------------------------------------------------------------------------
 
 
+_OPTION_KEYS = frozenset(
+    {
+        "attempt_timeout",
+        "first_chunk_timeout",
+        "stream_idle_timeout",
+        "idempotency_key",
+        "idempotent",
+        "priority",
+        "scenario",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _CallOptions:
+    """Per-call overrides, taken out of the LiteLLM kwargs before anything is sent."""
+
+    key: str
+    idempotent: bool = True
+    attempt_timeout: float | None = None
+    first_chunk_timeout: float | None = None
+    stream_idle_timeout: float | None = None
+    priority: str | None = None
+    scenario: str | None = None
+
+
+def _positive(name: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ConfigError(name, "must be a positive number of seconds")
+    return float(value)
+
+
 @dataclass(slots=True)
 class _CallContext:
     call_id: str
@@ -300,6 +359,8 @@ class _CallContext:
     attempt_no: int = 0
     next_wait: float = 0.0
     failures: list[Failure] = field(default_factory=list)
+    opts: _CallOptions = field(default_factory=lambda: _CallOptions(key=""))
+    tier: TierPolicy | None = None
 
 
 class _SyncRunner:
@@ -353,6 +414,8 @@ class ResilientRouter:
         clock: Clock | None = None,
         seed: int | None = None,
         guards: list[AttemptGuard] | None = None,
+        idempotency_store: str | IdempotencyStore | None = None,
+        idempotency_ttl: float = 600.0,
         **litellm_router_kwargs: Any,
     ) -> None:
         spec = build_spec(
@@ -365,6 +428,17 @@ class ResilientRouter:
             default_fallbacks=default_fallbacks,
         )
         self._init_from_spec(spec, clock=clock, seed=seed, guards=guards)
+        self.set_idempotency_store(idempotency_store, ttl=idempotency_ttl)
+
+    def set_idempotency_store(self, store: str | IdempotencyStore | None, *, ttl: float = 600.0) -> None:
+        """Return stored results for repeated idempotency keys within ``ttl`` seconds.
+
+        ``"memory"``, ``"sqlite:///path.db"``, any object with ``get``/``put``, or None (off).
+        """
+        if isinstance(ttl, bool) or not isinstance(ttl, int | float) or ttl <= 0:
+            raise ConfigError("idempotency_ttl", "must be a positive number of seconds")
+        self._idem_store = open_store(store)
+        self._idem_ttl = float(ttl)
 
     @classmethod
     def from_spec(
@@ -453,6 +527,14 @@ class ResilientRouter:
             g: RetryBudget(self.policy.for_group(g).retry_budget) for g in self._group_deployments
         }
         self._policies = {g: self.policy.for_group(g) for g in self._group_deployments}
+        self._hedges = {
+            g: HedgeState(p.hedge)
+            for g, p in self._policies.items()
+            if p.hedge is not None and p.hedge.enabled
+        }
+        self._idem_store = None
+        self._idem_ttl = 600.0
+        self._single_flight = SingleFlight()
         self._sync = _SyncRunner()
         _install_hook()
         self._finalizer = weakref.finalize(self, _release, self._sync)
@@ -512,13 +594,17 @@ class ResilientRouter:
     ) -> Any:
         """Like ``litellm.Router.acompletion``; streams return a :class:`ResilientStream`.
 
-        ``deadline`` (seconds) overrides the policy's total deadline for this call. ``listener``
-        gets this call's events; ``before_retry`` is awaited before each retry sleep.
+        Plugin options (all optional, taken out before LiteLLM sees the call): ``deadline``
+        (seconds for the whole call), ``attempt_timeout`` (or LiteLLM's ``timeout``),
+        ``first_chunk_timeout``, ``stream_idle_timeout``, ``idempotency_key`` (default: a content
+        fingerprint), ``idempotent`` (False forbids hedging), ``priority`` (a tier name),
+        ``scenario`` (key of a configured static answer), ``listener`` (this call's events) and
+        ``before_retry`` (awaited before each retry sleep).
         """
-        ctx = self._new_call(model, messages, stream, deadline, listener, before_retry, kwargs)
+        ctx, kwargs = self._new_call(model, messages, stream, deadline, listener, before_retry, kwargs)
         if stream:
             return await self._stream(ctx, model, messages, kwargs)
-        return await self._run(ctx, model, messages, kwargs)
+        return await self._complete(ctx, model, messages, kwargs)
 
     def completion(
         self,
@@ -528,14 +614,16 @@ class ResilientRouter:
         stream: bool = False,
         deadline: float | None = None,
         listener: Listener | None = None,
+        before_retry: BeforeRetry | None = None,
         **kwargs: Any,
     ) -> Any:
-        """Blocking twin of :meth:`acompletion`, safe from any thread."""
-        ctx = self._new_call(model, messages, stream, deadline, listener, None, kwargs)
+        """Blocking twin of :meth:`acompletion`, safe from any thread (the same async loop runs on
+        a private event-loop thread; ``before_retry`` is awaited there)."""
+        ctx, kwargs = self._new_call(model, messages, stream, deadline, listener, before_retry, kwargs)
         if stream:
             astream = self._sync.run(self._stream(ctx, model, messages, kwargs))
             return SyncResilientStream(astream, self._sync)
-        return self._sync.run(self._run(ctx, model, messages, kwargs))
+        return self._sync.run(self._complete(ctx, model, messages, kwargs))
 
     def close(self) -> None:
         """Release the private loop used by sync calls and, with the last router, LiteLLM's hook."""
@@ -552,16 +640,42 @@ class ResilientRouter:
         listener: Listener | None,
         before_retry: BeforeRetry | None,
         kwargs: Mapping[str, Any],
-    ) -> _CallContext:
+    ) -> tuple[_CallContext, dict[str, Any]]:
+        """Validate the call (nothing is sent on bad input) and split plugin options from kwargs."""
         self._check_group(model)
         if not isinstance(messages, list) or not messages:
-            from llm_resilience_plugin.errors import ConfigError
-
             raise ConfigError("messages", "expected a non-empty list of chat messages")
-        if deadline is not None and (not isinstance(deadline, int | float) or deadline <= 0):
-            from llm_resilience_plugin.errors import ConfigError
-
-            raise ConfigError("deadline", "must be a positive number of seconds")
+        deadline = _positive("deadline", deadline)
+        clean = {k: v for k, v in kwargs.items() if k not in _OPTION_KEYS}
+        timeout = clean.pop("timeout", None)
+        attempt_timeout = _positive("attempt_timeout", kwargs.get("attempt_timeout"))
+        if attempt_timeout is None and isinstance(timeout, int | float) and not isinstance(timeout, bool):
+            attempt_timeout = _positive("timeout", timeout)
+        key = kwargs.get("idempotency_key")
+        if key is not None and (not isinstance(key, str) or not key):
+            raise ConfigError("idempotency_key", "must be a non-empty string")
+        priority = kwargs.get("priority", self.policy.default_tier)
+        tier = None
+        if priority is not None:
+            tier = self.policy.tiers.get(priority)
+            if tier is None:
+                raise ConfigError(
+                    "priority", f"unknown tier {priority!r}; configured tiers: {sorted(self.policy.tiers)}"
+                )
+        scenario = kwargs.get("scenario")
+        if scenario is not None and not isinstance(scenario, str):
+            raise ConfigError("scenario", "must be a string naming a configured static answer")
+        opts = _CallOptions(
+            key=key or fingerprint(model, messages, clean),
+            idempotent=bool(kwargs.get("idempotent", True)),
+            attempt_timeout=attempt_timeout,
+            first_chunk_timeout=_positive("first_chunk_timeout", kwargs.get("first_chunk_timeout")),
+            stream_idle_timeout=_positive("stream_idle_timeout", kwargs.get("stream_idle_timeout")),
+            priority=priority,
+            scenario=scenario,
+        )
+        if tier is not None and tier.shed_below > 0:
+            self._shed_check(model, priority or "", tier, clean)
         call_id = f"{_CALL_PREFIX}{next(_CALL_IDS):x}"
         pol = self._policies[model]
         report = CallReport(
@@ -569,16 +683,82 @@ class ResilientRouter:
             requested_group=model,
             stream=stream,
             started_at=self._clock.wall(),
-            idempotency_key=kwargs.get("idempotency_key"),
+            idempotency_key=opts.key,
+            priority=priority,
         )
-        return _CallContext(
+        budget_s = deadline or (tier.deadline if tier and tier.deadline else None) or pol.deadline
+        ctx = _CallContext(
             call_id=call_id,
             report=report,
-            deadline=Deadline.after(self._clock, deadline or pol.deadline),
+            deadline=Deadline.after(self._clock, budget_s),
             stream=stream,
             listener=listener,
             before_retry=before_retry,
+            opts=opts,
+            tier=tier,
         )
+        return ctx, clean
+
+    def _shed_check(self, group: str, name: str, tier: TierPolicy, kwargs: Mapping[str, Any]) -> None:
+        """Refuse a low tier while the group's retry budget (or a guard's budget) runs low."""
+        budget = self._budgets[group]
+        if budget.policy.enabled and budget.fraction < tier.shed_below:
+            raise LoadShedError(name, f"retry budget of {group!r}", budget.fraction, tier.shed_below)
+        metadata = kwargs.get("metadata") or {}
+        for guard in self.guards:
+            headroom = getattr(guard, "headroom", None)
+            fraction = headroom(metadata) if callable(headroom) else None
+            if fraction is not None and fraction < tier.shed_below:
+                raise LoadShedError(name, type(guard).__name__, fraction, tier.shed_below)
+
+    async def _complete(
+        self, ctx: _CallContext, group: str, messages: list[dict[str, Any]], kwargs: dict[str, Any]
+    ) -> Any:
+        """A non-stream call, with the idempotency store and single-flight when configured."""
+        store = self._idem_store
+        if store is None:
+            return await self._run(ctx, group, messages, kwargs)
+        key = ctx.opts.key
+        stored = store.get(key)
+        if stored is not None:
+            return self._replay(ctx, stored)
+        leader = self._single_flight.join(key)
+        if leader is not None:
+            shared = await asyncio.shield(leader)
+            if shared is not None:
+                return self._replay(ctx, shared)
+        fut = self._single_flight.lead(key)
+        entry: dict[str, Any] | None = None
+        try:
+            resp = await self._run(ctx, group, messages, kwargs)
+            r = ctx.report
+            entry = {
+                "response": resp.model_dump(),
+                "served_group": r.served_group,
+                "deployment_id": r.deployment_id,
+                "call_id": r.call_id,
+                "stored_at": self._clock.wall(),
+            }
+            if not r.degraded:
+                store.put(key, entry, self._idem_ttl)
+            return resp
+        finally:
+            self._single_flight.done(key)
+            fut.set_result(entry)  # followers replay it, or (None) make their own call
+
+    def _replay(self, ctx: _CallContext, entry: Mapping[str, Any]) -> Any:
+        resp = litellm.ModelResponse(**entry["response"])
+        r = ctx.report
+        r.replayed = True
+        r.outcome = "success"
+        r.served_group = entry.get("served_group")
+        r.deployment_id = entry.get("deployment_id")
+        _fill_from_response(r, resp)
+        r.response_cost = 0.0  # nothing was paid for this answer
+        r.total_latency_s = self._clock.wall() - r.started_at
+        _attach_report(resp, r)
+        self._emit(ctx, r)
+        return resp
 
     def _emit(self, ctx: _CallContext, event: Event) -> None:
         self.events.emit(event)
@@ -598,16 +778,34 @@ class ResilientRouter:
     async def _walk_routes(
         self, ctx: _CallContext, requested: str, messages: list[dict[str, Any]], kwargs: dict[str, Any]
     ) -> Any:
-        group = requested
-        level = 0
-        tried = [requested]
+        degradation = self._policies[requested].degradation
+        group, level, tried = requested, 0, [requested]
+        call_messages, call_kwargs, trimmed = messages, kwargs, False
         while True:
             try:
-                result = await self._run_group(ctx, group, level, messages, kwargs)
+                result = await self._run_group(ctx, group, level, call_messages, call_kwargs)
             except AttemptFailed as af:
                 failure = af.failure
-                nxt = self._next_route(ctx, requested, failure, tried)
+                nxt = self._next_route(ctx, requested, failure, tried, level)
+                if (
+                    nxt is None
+                    and not trimmed
+                    and failure.error_class is ErrorClass.CONTEXT_WINDOW
+                    and degradation.trim_context_on_overflow
+                ):
+                    smaller = self._trimmed(group, call_messages, call_kwargs, failure, degradation)
+                    if smaller is not None:
+                        trimmed = True
+                        ctx.report.degraded.append(
+                            f"context trimmed: {len(call_messages)} -> {len(smaller)} messages"
+                        )
+                        call_messages = smaller
+                        continue
                 if nxt is None:
+                    static = self._static_answer(ctx, requested, failure, call_messages)
+                    if static is not None:
+                        self._finish(ctx, static, None, group=None, level=level)
+                        return static
                     self._finish(ctx, None, failure)
                     err = self._final_error(ctx)
                     raise err from err.__cause__
@@ -615,12 +813,67 @@ class ResilientRouter:
                 tried.append(nxt)
                 group = nxt
                 level += 1
+                call_kwargs = self._degrade_for_level(ctx, degradation.levels.get(level), kwargs, level)
                 continue
             self._finish(ctx, result, None, group=group, level=level)
             return result
 
+    def _trimmed(
+        self,
+        group: str,
+        messages: list[dict[str, Any]],
+        kwargs: Mapping[str, Any],
+        failure: Failure,
+        degradation: Any,
+    ) -> list[dict[str, Any]] | None:
+        deps = self.deployments(group)
+        model = deps[0].model if deps else "gpt-4o-mini"
+        limit = context_limit_from_error(failure.message)
+        if limit is None:
+            try:
+                limit = int(litellm.get_model_info(model).get("max_input_tokens") or 0) or None
+            except Exception:
+                limit = None
+        if limit is None:
+            return None
+        return trim_messages(
+            messages,
+            limit,
+            model=model,
+            reserve_output=int(kwargs.get("max_tokens") or 0),
+            keep_last=degradation.keep_last_messages,
+        )
+
+    def _degrade_for_level(
+        self, ctx: _CallContext, level_policy: Any, kwargs: dict[str, Any], level: int
+    ) -> dict[str, Any]:
+        out, changes = apply_level(kwargs, level_policy)
+        if level_policy is not None and level_policy.deadline is not None:
+            capped = self._clock.monotonic() + level_policy.deadline
+            if capped < ctx.deadline.expires_at:
+                ctx.deadline.expires_at = capped
+                changes.append(f"deadline={level_policy.deadline}s")
+        if changes:
+            ctx.report.degraded.append(f"fallback level {level}: " + ", ".join(changes))
+        return out
+
+    def _static_answer(
+        self, ctx: _CallContext, requested: str, failure: Failure, messages: list[dict[str, Any]]
+    ) -> Any | None:
+        scenario = ctx.opts.scenario
+        if scenario is None or failure.error_class in (ErrorClass.BAD_REQUEST, ErrorClass.UNKNOWN):
+            return None
+        text = self._policies[requested].degradation.static_answers.get(scenario)
+        if text is None:
+            return None
+        ctx.report.degraded.append(f"static answer: {scenario}")
+        resp = static_response(text, requested, scenario, messages)
+        if ctx.stream:
+            return StaticStream(resp, ctx.report, self, ctx)
+        return resp
+
     def _next_route(
-        self, ctx: _CallContext, requested: str, failure: Failure, tried: list[str]
+        self, ctx: _CallContext, requested: str, failure: Failure, tried: list[str], level: int = 0
     ) -> str | None:
         action = self._policies[requested].classes[failure.error_class].action
         if action == "fail":
@@ -629,6 +882,9 @@ class ResilientRouter:
             return None
         if len(tried) - 1 >= self.policy.max_fallbacks:
             return None
+        if ctx.tier is not None and ctx.tier.max_fallback_level is not None:
+            if level + 1 > ctx.tier.max_fallback_level:
+                return None
         for g in self.spec.fallback_chain(requested, failure.error_class):
             if g not in tried:
                 return g
@@ -709,8 +965,12 @@ class ResilientRouter:
             deadline=ctx.deadline,
             rng=self._rng,
             earliest_free=lambda: self._earliest_free(ctx, group),
+            retry_cap=ctx.tier.max_retries if ctx.tier is not None else None,
         )
         ctx.next_wait = 0.0
+        hedge = self._hedges.get(group)
+        if hedge is not None and (not ctx.opts.idempotent or (ctx.tier is not None and not ctx.tier.hedge)):
+            hedge = None
 
         async def before_sleep(rs: tenacity.RetryCallState) -> None:
             exc = rs.outcome.exception() if rs.outcome else None
@@ -736,8 +996,71 @@ class ResilientRouter:
         retrying = build_retrying(state, self._clock, before_sleep)
         async for attempt in retrying:
             with attempt:
-                return await self._attempt(ctx, group, level, messages, kwargs)
+                if hedge is None:
+                    return await self._attempt(ctx, group, level, messages, kwargs)
+                return await self._hedged_attempt(ctx, group, level, messages, kwargs, hedge)
         raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
+
+    async def _hedged_attempt(
+        self,
+        ctx: _CallContext,
+        group: str,
+        level: int,
+        messages: list[dict[str, Any]],
+        kwargs: dict[str, Any],
+        hedge: HedgeState,
+    ) -> Any:
+        """Race a second request to another deployment if the first is slow; first answer wins,
+        the other is cancelled (its breaker counts neither, its reservation is released)."""
+        hedge.on_call()
+        holder: list[_AttemptContext] = []
+        first: asyncio.Future[Any] = asyncio.ensure_future(
+            self._attempt(ctx, group, level, messages, kwargs, holder=holder)
+        )
+        tasks: list[asyncio.Future[Any]] = [first]
+        try:
+            delay = min(hedge.delay(), ctx.deadline.remaining())
+            done, _ = await asyncio.wait({first}, timeout=delay)
+            if done:
+                return first.result()
+            picked = holder[0].picked if holder else None
+            now = self._clock.wall()
+            others = [
+                d
+                for d in self._group_deployments[group]
+                if d != picked and d not in ctx.never_again and self._breakers[d].could_admit(now)
+            ]
+            budget = self._budgets[group]
+            if not others or not budget.allows_retry() or not hedge.try_take():
+                return await first
+            budget.spend()
+            ctx.report.hedged = True
+            self._emit(ctx, HedgeSent(ctx.call_id, group, delay, picked))
+            exclude = frozenset({picked}) if picked else frozenset()
+            second: asyncio.Future[Any] = asyncio.ensure_future(
+                self._attempt(ctx, group, level, messages, kwargs, exclude=exclude)
+            )
+            tasks.append(second)
+            pending: set[asyncio.Future[Any]] = {first, second}
+            errors: list[BaseException] = []
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for t in sorted(done, key=tasks.index):
+                    exc = t.exception()
+                    if exc is None:
+                        for other in done - {t}:
+                            if other.exception() is None:
+                                await _discard(other.result())
+                        return t.result()
+                    errors.append(exc)
+            raise errors[0]
+        finally:
+            for t in tasks:
+                if not t.done():
+                    t.cancel()
+            leftovers = [t for t in tasks if not t.done()]
+            if leftovers:
+                await asyncio.gather(*leftovers, return_exceptions=True)
 
     def _earliest_free(self, ctx: _CallContext, group: str) -> float:
         now = self._clock.wall()
@@ -749,13 +1072,18 @@ class ResilientRouter:
         return min(waits) if waits else 0.0
 
     def _attempt_kwargs(
-        self, ctx: _CallContext, actx_token: str, timeout: float, kwargs: Mapping[str, Any]
+        self,
+        ctx: _CallContext,
+        actx_token: str,
+        timeout: float,
+        connect: float | None,
+        kwargs: Mapping[str, Any],
     ) -> dict[str, Any]:
-        out = {k: v for k, v in kwargs.items() if k not in ("idempotency_key", "metadata")}
+        out = {k: v for k, v in kwargs.items() if k != "metadata"}
         md = dict(kwargs.get("metadata") or {})
         md[_META_KEY] = actx_token
         out["metadata"] = md
-        out["timeout"] = timeout
+        out["timeout"] = httpx.Timeout(timeout, connect=min(connect, timeout)) if connect else timeout
         if ctx.stream:
             out["stream"] = True
             opts = dict(out.get("stream_options") or {})
@@ -770,6 +1098,9 @@ class ResilientRouter:
         level: int,
         messages: list[dict[str, Any]],
         kwargs: Mapping[str, Any],
+        *,
+        exclude: frozenset[str] = frozenset(),
+        holder: list[_AttemptContext] | None = None,
     ) -> Any:
         pol = self._policies[group]
         ctx.attempt_no += 1
@@ -786,19 +1117,25 @@ class ResilientRouter:
             )
             self._record(ctx, group, level, None, failure, started_wall, 0.0, wait_before, "skipped")
             raise AttemptFailed(failure, None)
-        timeout = min(pol.first_chunk_timeout if ctx.stream else pol.attempt_timeout, remaining)
-        actx = _AttemptContext(router=self, call=ctx, group=group)
+        if ctx.stream:
+            limit = ctx.opts.first_chunk_timeout or ctx.opts.attempt_timeout or pol.first_chunk_timeout
+        else:
+            limit = ctx.opts.attempt_timeout or pol.attempt_timeout
+        timeout = min(limit, remaining)
+        actx = _AttemptContext(router=self, call=ctx, group=group, exclude=exclude)
+        if holder is not None:
+            holder.append(actx)
         token = f"{id(self)}:{ctx.call_id}:{next(_ATTEMPT_IDS)}"
         _ATTEMPTS[token] = actx
         t0 = self._clock.monotonic()
         try:
             if self.guards:
                 self._guard_before(ctx, actx, group, level, messages, kwargs)
-            attempt_kwargs = self._attempt_kwargs(ctx, token, timeout, kwargs)
+            attempt_kwargs = self._attempt_kwargs(ctx, token, timeout, pol.connect_timeout, kwargs)
             async with asyncio.timeout(timeout + 0.25):
                 resp = await self._router.acompletion(model=group, messages=messages, **attempt_kwargs)
                 if ctx.stream:
-                    resp = await _prefetch_stream(resp)
+                    resp = await prefetch_stream(resp)
         except asyncio.CancelledError:
             if actx.admission is not None:
                 self._breakers[actx.admission.deployment_id].release(actx.admission)
@@ -819,7 +1156,9 @@ class ResilientRouter:
             _ATTEMPTS.pop(token, None)
         latency = self._clock.monotonic() - t0
         if ctx.stream:
-            return ResilientStream(self, ctx, group, level, actx, resp, started_wall, latency, wait_before)
+            stream = ResilientStream(self, ctx, group, level, actx, resp, started_wall, latency, wait_before)
+            stream.bind_restart(messages, dict(kwargs))
+            return stream
         dep = (getattr(resp, "_hidden_params", None) or {}).get("model_id") or actx.picked
         if dep is not None and actx.picked != dep:
             actx._pick(str(dep))
@@ -881,6 +1220,9 @@ class ResilientRouter:
         if actx.admission is not None:
             self._breakers[actx.admission.deployment_id].record_success(actx.admission)
         self._budgets[group].on_success()
+        hedge = self._hedges.get(group)
+        if hedge is not None:
+            hedge.observe(ttft if ttft is not None else latency)
         if actx.guard_tokens:
             actx.settle_guards(response, usage, None)
         self._record(ctx, group, level, actx, None, started_wall, latency, wait_before, "success", ttft)
@@ -995,240 +1337,10 @@ def _attach_report(obj: Any, report: CallReport) -> None:
 
 def get_report(obj: Any) -> CallReport | None:
     """The :class:`CallReport` of a response, a stream, or an error raised by the router."""
-    if isinstance(obj, ResilientStream | SyncResilientStream):
+    if isinstance(obj, ResilientStream | SyncResilientStream | StaticStream):
         return obj.report
     hidden = getattr(obj, "_hidden_params", None)
     if isinstance(hidden, dict) and REPORT_KEY in hidden:
         return hidden[REPORT_KEY]  # type: ignore[no-any-return]
     rep = getattr(obj, REPORT_KEY, None) or getattr(obj, "report", None)
     return rep if isinstance(rep, CallReport) else None
-
-
-# -- streams ----------------------------------------------------------------------------------------
-
-
-def _chunk_has_payload(chunk: Any) -> bool:
-    for choice in getattr(chunk, "choices", None) or []:
-        delta = getattr(choice, "delta", None)
-        if delta is not None and (getattr(delta, "content", None) or getattr(delta, "tool_calls", None)):
-            return True
-        if getattr(choice, "finish_reason", None):
-            return True
-    return False
-
-
-class _Prefetched:
-    """A LiteLLM stream with its leading chunks already read (inside the attempt)."""
-
-    def __init__(self, stream: Any, buffered: list[Any], done: bool) -> None:
-        self.stream = stream
-        self.buffered = buffered
-        self.done = done
-
-
-async def _prefetch_stream(stream: Any) -> _Prefetched:
-    """Read until the first chunk with content, a tool call or a finish reason, so a failure
-    before anything reaches the caller is still an ordinary (retryable) attempt failure."""
-    buffered: list[Any] = []
-    it = stream.__aiter__()
-    while True:
-        try:
-            chunk = await it.__anext__()
-        except StopAsyncIteration:
-            if not any(_chunk_has_payload(c) for c in buffered):
-                raise ConnectionError("stream ended before any content") from None
-            return _Prefetched(stream, buffered, done=True)
-        buffered.append(chunk)
-        if _chunk_has_payload(chunk):
-            return _Prefetched(stream, buffered, done=False)
-
-
-class ResilientStream:
-    """An async iterator of LiteLLM chunks. Failures before the first chunk were already retried
-    or failed over; a failure after it raises :class:`StreamInterruptedError` with the partial
-    text. A stream that ends without a finish reason is an error, never a short success."""
-
-    def __init__(
-        self,
-        router: ResilientRouter,
-        ctx: _CallContext,
-        group: str,
-        level: int,
-        actx: _AttemptContext,
-        pre: _Prefetched,
-        started_wall: float,
-        ttft: float,
-        wait_before: float,
-    ) -> None:
-        self._router = router
-        self._ctx = ctx
-        self._group = group
-        self._level = level
-        self._actx = actx
-        self._pre = pre
-        self._started_wall = started_wall
-        self._t0 = router._clock.monotonic() - ttft
-        self._ttft = ttft
-        self._wait_before = wait_before
-        self._parts: list[str] = []
-        self._finish_reason: str | None = None
-        self._closed = False
-        self.report = ctx.report
-        self.report.ttft_s = ttft
-        self.usage: dict[str, int] | None = None
-
-    @property
-    def partial_text(self) -> str:
-        return "".join(self._parts)
-
-    def __aiter__(self) -> AsyncIterator[Any]:
-        return self._iterate()
-
-    async def _iterate(self) -> AsyncIterator[Any]:
-        if self._closed:
-            return
-        router = self._router
-        idle = router._policies[self._group].attempt_timeout
-        try:
-            for chunk in self._pre.buffered:
-                self._observe(chunk)
-                yield chunk
-            if not self._pre.done:
-                it = self._pre.stream.__aiter__()
-                while True:
-                    remaining = self._ctx.deadline.remaining()
-                    try:
-                        async with asyncio.timeout(max(0.001, min(idle, remaining))):
-                            chunk = await it.__anext__()
-                    except StopAsyncIteration:
-                        break
-                    self._observe(chunk)
-                    yield chunk
-            if self._finish_reason is None:
-                raise ConnectionError("stream ended without a finish_reason (truncated answer)")
-        except (GeneratorExit, asyncio.CancelledError):
-            self._close_cancelled()
-            raise
-        except Exception as exc:
-            self._fail(exc)
-            raise StreamInterruptedError(
-                f"stream from {self._actx.picked} failed after {len(self.partial_text)} chars: {exc}",
-                self.partial_text,
-                exc,
-                self.report,
-            ) from exc
-        self._succeed()
-
-    def _observe(self, chunk: Any) -> None:
-        for choice in getattr(chunk, "choices", None) or []:
-            delta = getattr(choice, "delta", None)
-            text = getattr(delta, "content", None) if delta is not None else None
-            if text:
-                self._parts.append(text)
-            if getattr(choice, "finish_reason", None):
-                self._finish_reason = choice.finish_reason
-        usage = getattr(chunk, "usage", None)
-        if usage is not None and getattr(usage, "total_tokens", None):
-            self.usage = {
-                "prompt_tokens": int(usage.prompt_tokens or 0),
-                "completion_tokens": int(usage.completion_tokens or 0),
-                "total_tokens": int(usage.total_tokens or 0),
-            }
-        if self.report.served_model is None and getattr(chunk, "model", None):
-            self.report.served_model = chunk.model
-
-    def _succeed(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        r = self._router
-        latency = r._clock.monotonic() - self._t0
-        r._on_success(
-            self._ctx,
-            self._group,
-            self._level,
-            self._actx,
-            self._started_wall,
-            latency,
-            self._wait_before,
-            self._ttft,
-            usage=self.usage,
-        )
-        self.report.usage = self.usage
-        self.report.deployment_id = self._actx.picked
-        self.report.total_latency_s = r._clock.wall() - self.report.started_at
-        r._emit(self._ctx, self.report)
-
-    def _fail(self, exc: BaseException) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        r = self._router
-        failure = classify(exc)
-        latency = r._clock.monotonic() - self._t0
-        r._on_failure(
-            self._ctx,
-            self._group,
-            self._level,
-            self._actx,
-            failure,
-            self._started_wall,
-            latency,
-            self._wait_before,
-        )
-        self.report.outcome = "failure"
-        self.report.error_class = failure.error_class
-        r._emit(self._ctx, self.report)
-
-    def _close_cancelled(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        adm = self._actx.admission
-        if adm is not None:
-            self._router._breakers[adm.deployment_id].release(adm)
-        if self._actx.guard_tokens:
-            # Cut short by the caller: what was generated so far is still spent; the guard
-            # settles its estimate (no usage is known).
-            self._actx.settle_guards(None, self.usage, None)
-        self.report.outcome = "cancelled"
-        self._router._emit(self._ctx, self.report)
-
-    async def aclose(self) -> None:
-        """Stop early (the deployment's breaker counts neither success nor failure)."""
-        self._close_cancelled()
-        close = getattr(self._pre.stream, "aclose", None)
-        if close is not None:
-            try:
-                await close()
-            except Exception:
-                pass
-
-
-class SyncResilientStream:
-    """Blocking iterator over a :class:`ResilientStream` driven on the router's private loop."""
-
-    def __init__(self, stream: ResilientStream, runner: _SyncRunner) -> None:
-        self._stream = stream
-        self._runner = runner
-        self._it = stream.__aiter__()
-        self.report = stream.report
-
-    @property
-    def partial_text(self) -> str:
-        return self._stream.partial_text
-
-    def __iter__(self) -> Iterator[Any]:
-        return self
-
-    def __next__(self) -> Any:
-        async def step() -> Any:
-            return await self._it.__anext__()
-
-        try:
-            return self._runner.run(step())
-        except StopAsyncIteration:
-            raise StopIteration from None
-
-    def close(self) -> None:
-        self._runner.run(self._stream.aclose())

@@ -1,0 +1,151 @@
+"""Idempotency: a key per logical request, and an optional store that returns the stored result
+of a completed key within a TTL, so a caller's retry neither pays nor acts twice."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+from llm_resilience_plugin.errors import ConfigError
+
+# Arguments that change the answer; the rest (timeouts, metadata, callbacks) do not.
+_FINGERPRINT_KEYS = (
+    "tools",
+    "tool_choice",
+    "response_format",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "stop",
+    "seed",
+    "n",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "user",
+)
+
+
+def fingerprint(group: str, messages: Any, kwargs: Mapping[str, Any]) -> str:
+    """A stable content key: the group, the messages and the answer-shaping arguments."""
+    payload = {
+        "group": group,
+        "messages": messages,
+        **{k: kwargs[k] for k in _FINGERPRINT_KEYS if k in kwargs},
+    }
+    raw = json.dumps(payload, sort_keys=True, default=str, separators=(",", ":"))
+    return "fp-" + hashlib.sha256(raw.encode()).hexdigest()[:32]
+
+
+class IdempotencyStore(Protocol):
+    """Completed results by key, each with an expiry."""
+
+    def get(self, key: str) -> dict[str, Any] | None: ...
+
+    def put(self, key: str, value: dict[str, Any], ttl: float) -> None: ...
+
+
+class MemoryIdempotencyStore:
+    """In-process store (thread-safe), pruned lazily."""
+
+    def __init__(self, clock: Callable[[], float] = time.time, max_entries: int = 10_000) -> None:
+        self._clock = clock
+        self._data: dict[str, tuple[float, dict[str, Any]]] = {}
+        self._lock = threading.Lock()
+        self._max = max_entries
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        with self._lock:
+            hit = self._data.get(key)
+            if hit is None:
+                return None
+            if hit[0] < self._clock():
+                del self._data[key]
+                return None
+            return hit[1]
+
+    def put(self, key: str, value: dict[str, Any], ttl: float) -> None:
+        now = self._clock()
+        with self._lock:
+            if len(self._data) >= self._max:
+                for k in [k for k, (exp, _) in self._data.items() if exp < now] or list(self._data)[:1]:
+                    del self._data[k]
+            self._data[key] = (now + ttl, value)
+
+
+class SQLiteIdempotencyStore:
+    """Persistent store in one SQLite file (WAL), safe across threads and processes."""
+
+    def __init__(self, path: str | Path, clock: Callable[[], float] = time.time) -> None:
+        self.path = str(path)
+        self._clock = clock
+        self._local = threading.local()
+        with self._conn() as c:
+            c.execute(
+                "CREATE TABLE IF NOT EXISTS idempotency "
+                "(key TEXT PRIMARY KEY, expires_at REAL NOT NULL, value TEXT NOT NULL)"
+            )
+
+    def _conn(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            self._local.conn = conn
+        return conn
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        row = (
+            self._conn().execute("SELECT expires_at, value FROM idempotency WHERE key = ?", (key,)).fetchone()
+        )
+        if row is None or row[0] < self._clock():
+            return None
+        return json.loads(row[1])  # type: ignore[no-any-return]
+
+    def put(self, key: str, value: dict[str, Any], ttl: float) -> None:
+        now = self._clock()
+        conn = self._conn()
+        conn.execute(
+            "INSERT OR REPLACE INTO idempotency (key, expires_at, value) VALUES (?, ?, ?)",
+            (key, now + ttl, json.dumps(value, default=str)),
+        )
+        conn.execute("DELETE FROM idempotency WHERE expires_at < ?", (now,))
+
+
+def open_store(spec: str | IdempotencyStore | None) -> IdempotencyStore | None:
+    """``"memory"``, ``"sqlite:///path.db"``, a store object, or None."""
+    if spec is None or not isinstance(spec, str):
+        return spec
+    if spec == "memory":
+        return MemoryIdempotencyStore()
+    if spec.startswith("sqlite:///"):
+        return SQLiteIdempotencyStore(spec.removeprefix("sqlite:///"))
+    raise ConfigError("idempotency_store", "expected 'memory', 'sqlite:///path.db' or a store object")
+
+
+class SingleFlight:
+    """Concurrent calls with one key share one upstream request (per event loop)."""
+
+    def __init__(self) -> None:
+        self._inflight: dict[tuple[int, str], asyncio.Future[Any]] = {}
+
+    def join(self, key: str) -> asyncio.Future[Any] | None:
+        return self._inflight.get((id(asyncio.get_running_loop()), key))
+
+    def lead(self, key: str) -> asyncio.Future[Any]:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+        self._inflight[(id(loop), key)] = fut
+        return fut
+
+    def done(self, key: str) -> None:
+        self._inflight.pop((id(asyncio.get_running_loop()), key), None)
