@@ -157,6 +157,7 @@ class _Call:
     attempt_no: int = 0
     next_wait: float = 0.0
     failures: list[Failure] = field(default_factory=list)
+    retry_state: GroupRetryState | None = None
 
 
 @dataclass(slots=True)
@@ -222,7 +223,7 @@ class ResilientRunnable(Runnable[Input, Output]):
                 raise ValueError(f"{label} must be a positive number of seconds")
         self.bound = bound
         self.step = name or bound.get_name()
-        self.name = name or f"Resilient[{bound.get_name()}]"
+        self.name = f"Resilient[{self.step}]"
         eff: EffectivePolicy = build_policy(policy).for_group(self.step)
         if max_retries is not None:
             eff = eff.model_copy(
@@ -359,7 +360,8 @@ class ResilientRunnable(Runnable[Input, Output]):
             call.failures.append(failure)
             self._record(call, failure, "skipped", started_wall, 0.0, wait_before)
             raise AttemptFailed(failure, None)
-        adm = self.breaker.admit()
+        with call.sink.scope():
+            adm = self.breaker.admit()
         if adm is None:
             exc = CircuitOpenError(self.step, [self.step])
             failure = Failure(ErrorClass.CIRCUIT_OPEN, None, str(exc), None, exc)
@@ -381,11 +383,13 @@ class ResilientRunnable(Runnable[Input, Output]):
         failure = classify(exc)
         call.failures.append(failure)
         counts = failure.counts_against_deployment or self._retryable(failure)
+        with call.sink.scope():
+            if counts:
+                self.breaker.record_failure(adm)
+            else:
+                self.breaker.release(adm)
         if counts:
-            self.breaker.record_failure(adm)
             self.budget.on_failure()
-        else:
-            self.breaker.release(adm)
         if failure.retry_after:
             self.breaker.hold(failure.retry_after)
         self._record(call, failure, "failure", started_wall, latency, wait_before, adm.probe)
@@ -400,7 +404,8 @@ class ResilientRunnable(Runnable[Input, Output]):
         wait_before: float,
         ttft: float | None = None,
     ) -> None:
-        self.breaker.record_success(adm)
+        with call.sink.scope():
+            self.breaker.record_success(adm)
         self.budget.on_success()
         self._record(call, None, "success", started_wall, latency, wait_before, adm.probe, ttft)
 
@@ -452,7 +457,11 @@ class ResilientRunnable(Runnable[Input, Output]):
             None,
         )
         out: AllRoutesFailedError
-        if call.deadline.remaining() <= self.policy.min_attempt_time and call.failures:
+        reason = (call.retry_state.gave_up_reason if call.retry_state else None) or ""
+        out_of_time = call.deadline.remaining() <= self.policy.min_attempt_time or reason.startswith(
+            "no time left"
+        )
+        if out_of_time and call.failures:
             out = DeadlineExceededError(
                 f"deadline exceeded after {sent} attempt(s) of {self.step!r}", report.attempts, report
             )
@@ -465,7 +474,7 @@ class ResilientRunnable(Runnable[Input, Output]):
         return out
 
     def _state(self, call: _Call) -> _StepRetryState:
-        return _StepRetryState(
+        call.retry_state = _StepRetryState(
             policy=self.policy,
             budget=self.budget,
             deadline=call.deadline,
@@ -474,6 +483,7 @@ class ResilientRunnable(Runnable[Input, Output]):
             retry_on=self.retry_on,
             retry_on_max=self.retry_on_max,
         )
+        return call.retry_state
 
     def _retry_event(self, call: _Call, rs: tenacity.RetryCallState) -> None:
         exc = rs.outcome.exception() if rs.outcome else None
