@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Mapping
 from typing import Any
 
 from llm_resilience_plugin.config import LevelDegradation
@@ -12,9 +11,18 @@ from llm_resilience_plugin.config import LevelDegradation
 _LIMIT_RE = re.compile(r"(?:maximum context length|context window|limit) (?:is|of) (\d[\d,]*) tokens", re.I)
 
 
+_USED_RE = re.compile(r"(?:resulted in|requested|you requested|prompt has) (\d[\d,]*) tokens", re.I)
+
+
 def context_limit_from_error(message: str) -> int | None:
     """The token limit a context-window error states, e.g. "maximum context length is 8192 tokens"."""
     m = _LIMIT_RE.search(message)
+    return int(m.group(1).replace(",", "")) if m else None
+
+
+def prompt_tokens_from_error(message: str) -> int | None:
+    """The prompt size the provider counted, e.g. "your messages resulted in 9000 tokens"."""
+    m = _USED_RE.search(message)
     return int(m.group(1).replace(",", "")) if m else None
 
 
@@ -35,6 +43,7 @@ def trim_messages(
     model: str,
     reserve_output: int = 0,
     keep_last: int = 2,
+    provider_count: int | None = None,
 ) -> list[dict[str, Any]] | None:
     """Drop the oldest non-system turns until the prompt fits ``limit - reserve_output`` tokens.
 
@@ -42,10 +51,13 @@ def trim_messages(
     separated from the assistant message that asked for it. Returns None when nothing can be
     dropped or the result still does not fit (the caller must not resend the same request).
     """
-    budget = limit - reserve_output
+    ours = count_tokens(model, messages)
+    # The provider's tokenizer may count more than ours: scale by the count it reported.
+    scale = max(1.0, provider_count / ours) if provider_count and ours else 1.0
+    budget = (limit - reserve_output) / scale
     system = [m for m in messages if m.get("role") == "system"]
     rest = [m for m in messages if m.get("role") != "system"]
-    if count_tokens(model, messages) <= budget:
+    if ours <= budget:
         return None
     for start in range(1, max(1, len(rest) - keep_last + 1)):
         tail = rest[start:]
@@ -96,7 +108,3 @@ def static_response(text: str, group: str, scenario: str, messages: list[dict[st
     )
     resp._hidden_params = {"degraded": "static_answer", "scenario": scenario, "model_group": group}
     return resp
-
-
-def degraded_reason(report_degraded: list[str]) -> Mapping[str, Any]:
-    return {"degraded": bool(report_degraded), "degradations": list(report_degraded)}

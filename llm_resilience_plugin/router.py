@@ -39,6 +39,7 @@ from llm_resilience_plugin.config import (
 from llm_resilience_plugin.degradation import (
     apply_level,
     context_limit_from_error,
+    prompt_tokens_from_error,
     static_response,
     trim_messages,
 )
@@ -842,6 +843,7 @@ class ResilientRouter:
             model=model,
             reserve_output=int(kwargs.get("max_tokens") or 0),
             keep_last=degradation.keep_last_messages,
+            provider_count=prompt_tokens_from_error(failure.message),
         )
 
     def _degrade_for_level(
@@ -1299,9 +1301,9 @@ class ResilientRouter:
 
     async def _stream(
         self, ctx: _CallContext, group: str, messages: list[dict[str, Any]], kwargs: dict[str, Any]
-    ) -> ResilientStream:
+    ) -> ResilientStream | StaticStream:
         result = await self._run(ctx, group, messages, kwargs)
-        assert isinstance(result, ResilientStream)
+        assert isinstance(result, ResilientStream | StaticStream)
         return result
 
 
