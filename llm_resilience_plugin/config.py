@@ -175,6 +175,7 @@ class GroupPolicy(_Model):
     hedge: HedgePolicy | None = None
     degradation: DegradationPolicy | None = None
     restart_broken_streams: bool | None = None
+    continue_streams_with_prefill: bool | None = None
     classes: dict[ErrorClass, ClassPolicy] = Field(default_factory=dict)
 
 
@@ -201,6 +202,7 @@ class ResiliencePolicy(_Model):
     hedge: HedgePolicy | None = None
     degradation: DegradationPolicy = Field(default_factory=DegradationPolicy)
     restart_broken_streams: bool = False
+    continue_streams_with_prefill: bool = False
     classes: dict[ErrorClass, ClassPolicy] = Field(default_factory=_default_class_policies)
     tiers: dict[str, TierPolicy] = Field(default_factory=_default_tiers)
     default_tier: str | None = None
@@ -237,6 +239,7 @@ class ResiliencePolicy(_Model):
             hedge=pick("hedge"),
             degradation=pick("degradation"),
             restart_broken_streams=pick("restart_broken_streams"),
+            continue_streams_with_prefill=pick("continue_streams_with_prefill"),
             classes={**self.classes, **g.classes},
         )
 
@@ -256,6 +259,7 @@ class EffectivePolicy(_Model):
     hedge: HedgePolicy | None
     degradation: DegradationPolicy
     restart_broken_streams: bool
+    continue_streams_with_prefill: bool
     classes: dict[ErrorClass, ClassPolicy]
 
 

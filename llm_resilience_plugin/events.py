@@ -93,13 +93,17 @@ class HedgeSent:
 
 @dataclass(frozen=True, slots=True)
 class StreamRestart:
-    """A broken stream restarts from scratch on another route (opt-in). Also yielded in-band by
-    the stream, so callers that buffer know to discard what they have."""
+    """A broken stream goes on another route (opt-in), also yielded in-band by the stream.
+
+    ``mode="restart"``: the answer starts over, discard what you have (``discarded_text``).
+    ``mode="continue"``: the next chunks continue ``discarded_text`` (assistant prefill); keep it.
+    """
 
     call_id: str
     model_group: str
     discarded_text: str
     error_class: ErrorClass
+    mode: Literal["restart", "continue"] = "restart"
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -103,6 +103,17 @@ class DeploymentInfo:
     api_base: str | None
     params: Mapping[str, Any] = field(default_factory=dict)  # litellm_params without secrets
 
+    @property
+    def supports_prefill(self) -> bool:
+        """Can this deployment continue an assistant message (assistant prefill)?"""
+        flag = self.params.get("supports_assistant_prefill")
+        if flag is not None:
+            return bool(flag)
+        try:
+            return bool(litellm.supports_assistant_prefill(self.model))
+        except Exception:
+            return False
+
 
 @dataclass(frozen=True, slots=True)
 class AttemptInfo:
@@ -192,6 +203,9 @@ class _AttemptContext:
                 preferred.append(d)
                 continue
             if dep in call.never_again or dep in self.exclude:
+                blocked.append(dep)
+                continue
+            if call.require_prefill and not self.router._deployments[dep].supports_prefill:
                 blocked.append(dep)
                 continue
             state = b.state
@@ -362,6 +376,7 @@ class _CallContext:
     failures: list[Failure] = field(default_factory=list)
     opts: _CallOptions = field(default_factory=lambda: _CallOptions(key=""))
     tier: TierPolicy | None = None
+    require_prefill: bool = False
 
 
 class _SyncRunner:

@@ -86,6 +86,7 @@ class ResilientStream:
         self._messages: list[dict[str, Any]] | None = None
         self._kwargs: dict[str, Any] = {}
         self._next: ResilientStream | StaticStream | None = None
+        self._saw_tools = False
         self.report = ctx.report
         self.report.ttft_s = ttft
         self.usage: dict[str, int] | None = None
@@ -145,28 +146,67 @@ class ResilientStream:
         self._succeed()
 
     async def _restart(self, exc: BaseException) -> tuple[StreamRestart, Any] | None:
-        """Opt-in: record the failure, then run the attempt loop again for a fresh stream."""
+        """Opt-in: continue the partial answer by assistant prefill on a deployment that supports
+        it, or restart from scratch on another route. Any failure here surfaces the original one."""
         router = self._router
         ctx = self._ctx
         requested = self.report.requested_group
-        allowed = router._policies[requested].restart_broken_streams
+        pol = router._policies[requested]
+        constrained = "response_format" in self._kwargs or self._kwargs.get("tool_choice") not in (
+            None,
+            "auto",
+            "none",
+        )
+        can_continue = (
+            pol.continue_streams_with_prefill
+            and self.partial_text
+            and not self._saw_tools
+            and not constrained
+        )
+        allowed = pol.restart_broken_streams or can_continue
         if not allowed or self._messages is None or self.report.stream_restarts >= 1:
             self._fail(exc, final=True)
             return None
         self._fail(exc, final=False)
-        if ctx.deadline.remaining() <= router.policy.min_attempt_time:
-            router._emit(ctx, self.report)
-            return None
         failure = classify(exc)
-        marker = StreamRestart(ctx.call_id, self._group, self.partial_text, failure.error_class)
         self.report.stream_restarts += 1
+        if ctx.deadline.remaining() <= router.policy.min_attempt_time:
+            self._give_up(failure)
+            return None
+        if can_continue:
+            prefill = {"role": "assistant", "content": self.partial_text, "prefix": True}
+            ctx.require_prefill = True
+            try:
+                nxt = await router._walk_routes(ctx, requested, [*self._messages, prefill], self._kwargs)
+            except Exception:
+                nxt = None  # a rejected prefill never hides the original failure
+            finally:
+                ctx.require_prefill = False
+            if nxt is not None:
+                marker = StreamRestart(
+                    ctx.call_id, self._group, self.partial_text, failure.error_class, mode="continue"
+                )
+                router._emit(ctx, marker)
+                self._next = nxt
+                return marker, nxt
+            if not pol.restart_broken_streams:
+                self._give_up(failure)
+            return None
+        marker = StreamRestart(ctx.call_id, self._group, self.partial_text, failure.error_class)
         router._emit(ctx, marker)
         try:
             nxt = await router._walk_routes(ctx, requested, self._messages, self._kwargs)
         except Exception:
+            self._give_up(failure)
             return None
         self._next = nxt
         return marker, nxt
+
+    def _give_up(self, failure: Any) -> None:
+        """Surface the original mid-stream failure after a recovery attempt did not work."""
+        self.report.outcome = "failure"
+        self.report.error_class = failure.error_class
+        self._router._emit(self._ctx, self.report)
 
     def _observe(self, chunk: Any) -> None:
         for choice in getattr(chunk, "choices", None) or []:
@@ -174,6 +214,8 @@ class ResilientStream:
             text = getattr(delta, "content", None) if delta is not None else None
             if text:
                 self._parts.append(text)
+            if delta is not None and getattr(delta, "tool_calls", None):
+                self._saw_tools = True
             if getattr(choice, "finish_reason", None):
                 self._finish_reason = choice.finish_reason
         usage = getattr(chunk, "usage", None)

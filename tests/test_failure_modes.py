@@ -345,3 +345,51 @@ async def test_tier_limits_retries_and_fallback_depth(make_router: RouterFactory
     resp = await router.acompletion(model="primary", messages=MSG, priority="P0")
     assert get_report(resp).served_group == "last"  # type: ignore[union-attr]
     assert (sim.count("a"), sim.count("b"), sim.count("c")) == (3, 3, 1)
+
+
+# -- mid-stream continuation by assistant prefill (opt-in) ----------------------------------------
+
+
+def prefill_router(sim, policy):
+    from llm_resilience_plugin import FakeClock, ResilientRouter
+    from tests.conftest import FAST_POLICY, _merge, deployment
+
+    backup = deployment(sim, "backup", "b")
+    backup["model_info"]["supports_assistant_prefill"] = True
+    return ResilientRouter(
+        model_list=[deployment(sim, "primary", "a"), backup, deployment(sim, "plain", "c")],
+        fallbacks=[{"primary": ["backup", "plain"]}],
+        policy=_merge(FAST_POLICY, policy),
+        clock=FakeClock(),
+    )
+
+
+async def test_broken_stream_continues_by_prefill_where_supported(sim):
+    router = prefill_router(sim, {"continue_streams_with_prefill": True})
+    sim.set_default("a", Fault.stream_cut(after_chunks=3))
+    stream = await router.acompletion(model="primary", messages=LONG, stream=True)
+    items = [c async for c in stream]
+    marker = next(c for c in items if isinstance(c, StreamRestart))
+    assert marker.mode == "continue" and marker.discarded_text.startswith("Hello from a.")
+    sent = sim.requests("b")[0].body["messages"]
+    assert sent[-1] == {"role": "assistant", "content": marker.discarded_text, "prefix": True}
+    rest = "".join(c.choices[0].delta.content or "" for c in items[items.index(marker) + 1 :] if c.choices)
+    assert rest.startswith("Hello from b.")
+    assert sim.count("c") == 0  # only a prefill-capable deployment may continue
+    router.close()
+
+
+async def test_rejected_prefill_never_hides_the_original_failure(sim):
+    from llm_resilience_plugin import StreamInterruptedError
+
+    router = prefill_router(sim, {"continue_streams_with_prefill": True})
+    sim.set_default("a", Fault.stream_cut(after_chunks=3))
+    sim.set_default("b", Fault.http_error(400, "assistant prefill is not supported here"))
+    stream = await router.acompletion(model="primary", messages=LONG, stream=True)
+    with pytest.raises(StreamInterruptedError) as info:
+        async for _ in stream:
+            pass
+    assert "Connection error" in str(info.value.cause)
+    assert info.value.partial_text.startswith("Hello from a.")
+    assert sim.count("b") == 1 and sim.count("c") == 0
+    router.close()
