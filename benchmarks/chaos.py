@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import llm_resilience_plugin  # noqa: F401  (offline LiteLLM settings first)
 import litellm
 
+import llm_resilience_plugin  # noqa: F401  (offline LiteLLM settings first)
 from llm_resilience_plugin import ResilientRouter
 from llm_resilience_plugin.simulator import Fault, ProviderSimulator
 
