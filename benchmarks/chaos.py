@@ -259,12 +259,15 @@ async def main() -> None:
     for sc in SCENARIOS:
         if sc.name in results:
             print(f"- {sc.name}: {sc.description}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(
-        json.dumps({"calls": args.calls, "concurrency": args.concurrency, "results": results}, indent=2)
-    )
+    out = write_json(args.out, {"calls": args.calls, "concurrency": args.concurrency, "results": results})
     print(f"\nJSON: {out}")
+
+
+def write_json(path: str, data: dict[str, Any]) -> Path:
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(data, indent=2))
+    return out
 
 
 if __name__ == "__main__":
