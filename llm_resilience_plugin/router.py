@@ -26,7 +26,7 @@ import tenacity
 from litellm.integrations.custom_logger import CustomLogger
 
 from llm_resilience_plugin._env import allow_loopback
-from llm_resilience_plugin.breakers import Admission, BreakerRegistry, DeploymentBreaker
+from llm_resilience_plugin.breakers import Admission, BreakerRegistry, BreakerTransition, DeploymentBreaker
 from llm_resilience_plugin.config import (
     EffectivePolicy,
     ResiliencePolicy,
@@ -191,6 +191,11 @@ class _AttemptContext:
                 return kept
         breakers = self.router._breakers
         call = self.call
+        if not call.failed and not self.exclude and not call.require_prefill and self.router._all_clear():
+            # Fast path: every breaker closed, nothing held: LiteLLM's candidates stand as they are.
+            if len(healthy) == 1:
+                self._pick(_dep_id(healthy[0]))
+            return healthy
         now = self.router._clock.wall()
         preferred: list[dict[str, Any]] = []
         fallback: list[dict[str, Any]] = []
@@ -243,6 +248,9 @@ class _AttemptContext:
             return
         self.picked = dep
         gen = self.generations.get(dep)
+        if gen is None:
+            b = self.router._breakers.get(dep)
+            gen = b.generation if b is not None else None
         if gen is not None:
             self.admission = Admission(dep, gen, probe=False)
 
@@ -528,6 +536,10 @@ class ResilientRouter:
             )
             self._deployments[info.id] = info
             self._group_deployments.setdefault(info.model_group, []).append(info.id)
+        self._not_closed: set[str] = set()
+        self._hold_until = 0.0
+        # Shared (multi-process) breaker state can change without a local transition event.
+        self._shared_breakers = False
         self._breakers = BreakerRegistry()
         for info in self._deployments.values():
             self._breakers.add(
@@ -536,7 +548,7 @@ class ResilientRouter:
                     info.model_group,
                     self.policy.for_group(info.model_group).breaker,
                     clock=self._clock.wall,
-                    on_transition=self.events.emit,
+                    on_transition=self._on_transition,
                 )
             )
         self._budgets = {
@@ -554,6 +566,17 @@ class ResilientRouter:
         self._sync = _SyncRunner()
         _install_hook()
         self._finalizer = weakref.finalize(self, _release, self._sync)
+
+    def _on_transition(self, event: BreakerTransition) -> None:
+        if event.new_state == "closed":
+            self._not_closed.discard(event.deployment_id)
+        else:
+            self._not_closed.add(event.deployment_id)
+        self.events.emit(event)
+
+    def _all_clear(self) -> bool:
+        """Every breaker closed and no Retry-After hold pending (the filter's fast path)."""
+        return not self._not_closed and self._clock.wall() >= self._hold_until and not self._shared_breakers
 
     # -- introspection ---------------------------------------------------------------------------
 
@@ -1268,6 +1291,7 @@ class ResilientRouter:
                 b.release(adm)
             if failure.retry_after:
                 b.hold(failure.retry_after)
+                self._hold_until = max(self._hold_until, self._clock.wall() + failure.retry_after)
         if failure.counts_against_deployment:
             self._budgets[group].on_failure()
         if dep is not None:

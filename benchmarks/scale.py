@@ -1,0 +1,151 @@
+"""Scale benchmark: memory over many calls, per-call cost with 2 vs 100 deployments, ledger speed.
+
+Calls use LiteLLM's ``mock_response`` so the whole plugin + Router path runs without HTTP (the
+simulator would cap the rate); the bare ``litellm.Router`` is measured in the same run.
+
+    python benchmarks/scale.py [--calls 20000] [--per-call 1500]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import llm_resilience_plugin  # noqa: F401  (offline LiteLLM settings first)
+import litellm
+
+from llm_resilience_plugin import ResilientRouter
+
+MSG = [{"role": "user", "content": "hi"}]
+
+
+def rss_mib() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def deployments(n: int) -> list[dict[str, Any]]:
+    return [
+        {
+            "model_name": "g",
+            "litellm_params": {
+                "model": "openai/gpt-4o-mini",
+                "api_key": "sk-mock",
+                "api_base": f"http://127.0.0.1:9/{i}/v1",
+            },
+            "model_info": {"id": f"d{i}"},
+        }
+        for i in range(n)
+    ]
+
+
+async def memory_curve(calls: int) -> dict[str, Any]:
+    router = ResilientRouter(model_list=deployments(2))
+    samples: list[tuple[int, float]] = []
+    step = max(1, calls // 20)
+    for i in range(calls):
+        await router.acompletion(model="g", messages=MSG, mock_response="ok")
+        if i % step == 0:
+            gc.collect()
+            samples.append((i, rss_mib()))
+    gc.collect()
+    samples.append((calls, rss_mib()))
+    router.close()
+    half = samples[len(samples) // 2][1]
+    return {
+        "calls": calls,
+        "rss_start_mib": samples[0][1],
+        "rss_half_mib": half,
+        "rss_end_mib": samples[-1][1],
+        "growth_second_half_mib": samples[-1][1] - half,
+        "samples": samples,
+    }
+
+
+async def per_call(n_deployments: int, calls: int) -> dict[str, float]:
+    out: dict[str, float] = {}
+    bare = litellm.Router(model_list=deployments(n_deployments), num_retries=0, disable_cooldowns=True)
+    plugin = ResilientRouter(model_list=deployments(n_deployments))
+    for name, call in (
+        ("bare", lambda: bare.acompletion(model="g", messages=MSG, mock_response="ok")),
+        ("plugin", lambda: plugin.acompletion(model="g", messages=MSG, mock_response="ok")),
+    ):
+        for _ in range(100):
+            await call()
+        t = time.perf_counter()
+        for _ in range(calls):
+            await call()
+        out[f"{name}_us"] = (time.perf_counter() - t) / calls * 1e6
+    plugin.close()
+    out["added_us"] = out["plugin_us"] - out["bare_us"]
+    return out
+
+
+def ledger_ops(n: int) -> dict[str, float] | None:
+    try:
+        from llm_resilience_plugin.cost import Budget, CostGuard
+    except ImportError:
+        return None
+    result: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as d:
+        for name, ledger in (("memory", "memory"), ("sqlite", f"sqlite:///{os.path.join(d, 'l.db')}")):
+            guard: Any = CostGuard(budgets=[Budget.daily(1e9)], ledger=ledger)
+            t = time.perf_counter()
+            for _ in range(n):
+                res = guard.ledger.reserve(guard.keys_for({}), 0.001) if hasattr(guard, "keys_for") else None
+                if res is None:
+                    break
+                guard.ledger.settle(res, 0.0009)
+            else:
+                result[f"{name}_reserve_settle_per_s"] = n / (time.perf_counter() - t)
+    return result or None
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--calls", type=int, default=20000, help="calls for the memory curve")
+    ap.add_argument("--per-call", type=int, default=1500, help="calls per per-call measurement")
+    ap.add_argument("--ledger-ops", type=int, default=2000)
+    ap.add_argument("--out", default="benchmarks/results/scale.json")
+    args = ap.parse_args()
+    mem = await memory_curve(args.calls)
+    pc = {n: await per_call(n, args.per_call) for n in (2, 100)}
+    ledger = ledger_ops(args.ledger_ops)
+    print(f"| memory over {mem['calls']} calls | RSS start MiB | RSS half-way | RSS end | growth, 2nd half |")
+    print("|---|---:|---:|---:|---:|")
+    print(
+        f"| ResilientRouter (mock responses) | {mem['rss_start_mib']:.1f} | {mem['rss_half_mib']:.1f} | "
+        f"{mem['rss_end_mib']:.1f} | {mem['growth_second_half_mib']:+.1f} |"
+    )
+    print("\n| deployments | bare µs/call | plugin µs/call | added µs/call |")
+    print("|---:|---:|---:|---:|")
+    for n, m in pc.items():
+        print(f"| {n} | {m['bare_us']:.0f} | {m['plugin_us']:.0f} | {m['added_us']:+.0f} |")
+    if ledger:
+        print("\n| ledger | reserve+settle per second |")
+        print("|---|---:|")
+        for k, v in ledger.items():
+            print(f"| {k.split('_')[0]} | {v:.0f} |")
+    out = write_json(args.out, {"memory": mem, "per_call": pc, "ledger": ledger})
+    print(f"\nJSON: {out}")
+
+
+def write_json(path: str, data: dict[str, Any]) -> Path:
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(data, indent=2, default=str))
+    return out
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
