@@ -570,14 +570,15 @@ class StructuredLogCallbackHandler(_RunTracking):
                 rec["budget_remaining"] = None
 
     def on_llm_end(self, response: LLMResult, *, run_id: UUID, **kwargs: Any) -> None:
-        self._tree.end(run_id)
         with self._lock:
             run = self._runs.pop(run_id, None)
         if run is None:
+            self._tree.end(run_id)
             return
         s = usage_of_result(response)
         rm = s.response_metadata
         rec = self._base(run_id, run)
+        self._tree.end(run_id)
         total = None
         if s.prompt_tokens is not None or s.completion_tokens is not None:
             total = (s.prompt_tokens or 0) + (s.completion_tokens or 0)
@@ -605,12 +606,13 @@ class StructuredLogCallbackHandler(_RunTracking):
         self.logger.log(self.level, "llm_run", extra={"llm_event_name": "llm_run", "llm_event": redact(rec)})
 
     def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
-        self._tree.end(run_id)
         with self._lock:
             run = self._runs.pop(run_id, None)
         if run is None:
+            self._tree.end(run_id)
             return
         rec = self._base(run_id, run)
+        self._tree.end(run_id)
         try:
             err_class: str | None = str(classify(error).error_class)
         except Exception:  # pragma: no cover - classify is total

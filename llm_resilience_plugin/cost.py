@@ -456,6 +456,9 @@ class CostGuard:
         token_counter: ``f(model, messages) -> int`` instead of LiteLLM's ``token_counter``.
         reservation_ttl: seconds after which an unsettled reservation is reaped (a crashed
             process must not hold budget forever).
+        on_cancel: what a router attempt cancelled in flight (a hedge that lost the race, a
+            stream closed early) costs when no usage is known: ``"estimate"`` (default - the
+            request was sent and the provider may bill it) or ``"release"``.
     """
 
     def __init__(
@@ -476,6 +479,7 @@ class CostGuard:
         prompt_margin: float = 0.1,
         token_counter: TokenCounter | None = None,
         reservation_ttl: float = 900.0,
+        on_cancel: Literal["estimate", "release"] = "estimate",
     ) -> None:
         if isinstance(budgets, Budget) or not isinstance(budgets, Sequence):
             raise ConfigError("budgets", "expected a list of Budget objects, e.g. [Budget.daily(50)]")
@@ -513,6 +517,9 @@ class CostGuard:
         if not _is_number(reservation_ttl) or reservation_ttl <= 0:
             raise ConfigError("reservation_ttl", "must be a positive number of seconds")
         self.reservation_ttl = float(reservation_ttl)
+        if on_cancel not in ("estimate", "release"):
+            raise ConfigError("on_cancel", "expected 'estimate' (conservative, default) or 'release'")
+        self.on_cancel = on_cancel
         self.prices = PriceBook(prices, unknown_model)
         self.ledger = open_ledger(ledger)
         self._router: ResilientRouter | None = None
@@ -1010,6 +1017,9 @@ class CostGuard:
         if failure is not None:
             self.release(token)
             return
+        if response is None and not usage and self.on_cancel == "release":
+            self.release(token)  # cancelled in flight, and told to trust that it cost nothing
+            return
         hidden = getattr(response, "_hidden_params", None) or {}
         reported = hidden.get("response_cost") if isinstance(hidden, Mapping) else None
         pt = ct = None
@@ -1043,8 +1053,7 @@ class CostGuard:
         keys = [
             k
             for k in keys
-            if not (k.window == "request" and request_id is None)
-            and not (k.window == "run" and run_id is None and request_id is None)
+            if (k.window != "request" or request_id is not None) and (k.window != "run" or run_id is not None)
         ]
         return self.ledger.usage(keys)
 
@@ -1054,6 +1063,16 @@ class CostGuard:
         """Dollars left in the tightest applicable budget now (None: no budget applies)."""
         us = self.usage(metadata, tags)
         return min((u.remaining for u in us), default=None)
+
+    def headroom(self, metadata: Mapping[str, Any] | None = None) -> float | None:
+        """Fraction (0..1) left of the tightest day/month/total budget that applies to a call
+        with this metadata (tags under ``metadata["tags"]``); None when none applies. The
+        router sheds low-priority tiers when it falls below their ``shed_below``."""
+        md = metadata or {}
+        tags = md.get("tags")
+        us = self.usage(md, tags if isinstance(tags, list | tuple) else None)
+        fractions = [u.remaining / u.limit for u in us if u.limit > 0]
+        return min(fractions) if fractions else None
 
     def report(self, since: float | None = None, until: float | None = None) -> SpendReport:
         """Settled spend by day, month, model, group, deployment and scope, plus every budget's

@@ -469,3 +469,48 @@ def test_budget_default_names_and_guard_repr():
     assert names == ["per_request", "per_run", "daily", "monthly", "total", "tenant/month", "ops"]
     g = CostGuard([Budget.daily(50)], ledger=MemoryLedger())
     assert "daily=$50" in repr(g)
+
+
+# -- the router's other guard hooks ----------------------------------------------------------------------
+
+
+async def test_headroom_lets_the_router_shed_low_priority_tiers_first(
+    make_router: RouterFactory, sim: ProviderSimulator
+):
+    from llm_resilience_plugin import LoadShedError
+
+    one = estimate_prompt_tokens(MSG) * IN + 5 * OUT
+    guard = CostGuard(
+        [Budget.daily(100 * one), Budget.scoped("tenant", 4 * one)],
+        token_counter=sim_counter,
+        prompt_margin=0,
+    )
+    router = make_router({"primary": ["a"]}, guards=[guard])
+    acme = {"tenant": "acme"}
+    assert guard.headroom(acme) == 1.0 and guard.headroom() == 1.0
+    for _ in range(3):
+        await router.acompletion(model="primary", messages=MSG, max_tokens=5, metadata=acme)
+    assert guard.headroom(acme) == pytest.approx(0.25)
+    assert guard.headroom() == pytest.approx(0.97)
+    with pytest.raises(LoadShedError):  # P3 sheds below 50 %: nothing is sent
+        await router.acompletion(model="primary", messages=MSG, max_tokens=5, metadata=acme, priority="P3")
+    assert sim.count() == 3
+    await router.acompletion(model="primary", messages=MSG, max_tokens=5, metadata=acme, priority="P0")
+    await router.acompletion(
+        model="primary", messages=MSG, max_tokens=5, metadata={"tenant": "bob"}, priority="P3"
+    )
+    assert sim.count() == 5
+
+
+async def test_on_cancel_release_trusts_a_cancelled_attempt_cost_nothing(
+    make_router: RouterFactory, sim: ProviderSimulator
+):
+    guard = CostGuard([Budget.daily(1.0)], on_cancel="release")
+    router = make_router({"primary": ["a"]}, guards=[guard])
+    stream = await router.acompletion(model="primary", messages=MSG, stream=True, max_tokens=50)
+    await stream.__aiter__().__anext__()
+    await stream.aclose()
+    assert daily_usage(guard) == (0, 0)
+    assert guard.ledger.entries() == []
+    with pytest.raises(ConfigError):
+        CostGuard([Budget.daily(1.0)], on_cancel="ignore")  # type: ignore[arg-type]
