@@ -438,6 +438,7 @@ def test_stream_usage_and_metadata_appear_once(sim: ProviderSimulator, lc_router
     u = full.usage_metadata
     assert md["response_cost"] == pytest.approx(u["input_tokens"] * inp + u["output_tokens"] * out)
     assert md["resilience"]["fallback_level"] == 1 and md["finish_reason"] == "stop"
+    assert md["resilience"]["response_cost"] == md["response_cost"]
     json.dumps(md)
 
 

@@ -7,7 +7,6 @@ deadline apply on both the generate and the stream paths; ``with_retry`` is neve
 
 from __future__ import annotations
 
-import inspect
 import os
 import threading
 import warnings
@@ -50,12 +49,7 @@ from llm_resilience_plugin.langchain._convert import (
     json_safe,
     to_openai_messages,
 )
-from llm_resilience_plugin.router import (
-    ResilientRouter,
-    ResilientStream,
-    SyncResilientStream,
-    get_report,
-)
+from llm_resilience_plugin.router import ResilientRouter, get_report
 
 CONFIG_ENV = "LLM_RESILIENCE_CONFIG"
 API_KEY_ENV = "LLM_RESILIENCE_API_KEY"
@@ -498,7 +492,10 @@ class ResilientChatModel(BaseChatModel):
         if cost is not None:
             md["response_cost"] = cost
         if report is not None:
-            md["resilience"] = json_safe(report.to_dict())
+            rd = report.to_dict()
+            if rd.get("response_cost") is None and cost is not None:
+                rd["response_cost"] = cost  # streamed answers: the cost comes with the usage chunk
+            md["resilience"] = json_safe(rd)
         return md
 
     def _result(self, resp: Any) -> ChatResult:
@@ -534,23 +531,12 @@ class ResilientChatModel(BaseChatModel):
         sink: EventSink,
         params: dict[str, Any],
     ) -> Any:
-        if "before_retry" in inspect.signature(router.completion).parameters:
-            return router.completion(
-                group, messages, stream=stream, deadline=deadline, listener=sink.on_event,
-                before_retry=sink.before_retry_sync, **params,
-            )  # fmt: skip
-        # ResilientRouter.completion takes no before_retry hook (yet): run acompletion on the
-        # router's private loop exactly as completion() does, with the hook.
-        runner = router._sync
-        result = runner.run(
-            router.acompletion(
-                group, messages, stream=stream, deadline=deadline, listener=sink.on_event,
-                before_retry=sink.before_retry_sync, **params,
-            )
+        # The router runs its async attempt loop on a private thread; before_retry and the
+        # listener are called there while this thread waits (see _bridge).
+        return router.completion(
+            group, messages, stream=stream, deadline=deadline, listener=sink.on_event,
+            before_retry=sink.before_retry_sync, **params,
         )  # fmt: skip
-        if stream and isinstance(result, ResilientStream):
-            return SyncResilientStream(result, runner)
-        return result
 
     def _generate(
         self,
