@@ -34,7 +34,7 @@ from langchain_core.messages import BaseMessage, convert_to_openai_messages
 from langchain_core.outputs import LLMResult
 
 from llm_resilience_plugin.cost import CostGuard, Ticket
-from llm_resilience_plugin.errors import classify
+from llm_resilience_plugin.errors import ConfigError, classify
 from llm_resilience_plugin.logs import iso_ts, redact, safe_metadata
 
 # Invocation-param / metadata keys that name the model, most specific first.
@@ -240,8 +240,6 @@ class CostGuardCallbackHandler(_RunTracking):
     def __init__(self, guard: CostGuard) -> None:
         super().__init__()
         if not isinstance(guard, CostGuard):
-            from llm_resilience_plugin.errors import ConfigError
-
             raise ConfigError("guard", "expected a CostGuard")
         self.guard = guard
         self._tickets: dict[UUID, Ticket] = {}
@@ -265,17 +263,24 @@ class CostGuardCallbackHandler(_RunTracking):
         md = metadata or {}
         model = model_name_of(serialized, inv, md)
         if model is None:
-            from llm_resilience_plugin.errors import ConfigError
-
             raise ConfigError(
                 "model",
                 "cannot tell which model this LangChain run calls (no model/model_name in "
                 "invocation_params, no ls_model_name); give the guard a price_resolver",
             )
         provider = md.get("ls_provider")
-        cands = self.guard.candidates_for_model(
-            model, provider=provider if isinstance(provider, str) else None
-        )
+        try:
+            cands = self.guard.candidates_for_model(
+                model, provider=provider if isinstance(provider, str) else None
+            )
+        except ConfigError as err:
+            if err.field != "unknown_model":
+                raise
+            raise ConfigError(
+                "unknown_model",
+                f"{err.message}. If {model!r} is a model group of a ResilientChatModel, give the "
+                "guard its router: CostGuard(..., router=llm.get_router())",
+            ) from None
         prompt_tokens: int | None = None
         copies = 1
         single: list[dict[str, Any]] | None = None
@@ -595,9 +600,17 @@ class StructuredLogCallbackHandler(_RunTracking):
                 "error_class": None,
             }
         )
-        for k in ("call_id", "fallback_level", "upstream_requests", "served_group", "breaker_state"):
-            if rm.get(k) is not None:
-                rec[k] = rm[k]
+        # ResilientChatModel: the router's call report under "resilience", the group and the
+        # deployment at the top level
+        res = rm.get("resilience") if isinstance(rm.get("resilience"), Mapping) else {}
+        for k in ("call_id", "fallback_level", "upstream_requests", "retries", "served_group"):
+            v = rm.get(k, res.get(k))
+            if v is not None:
+                rec[k] = v
+        if rm.get("model_group") is not None:
+            rec["served_group"] = rm["model_group"]
+        if res.get("idempotency_key") and not rec.get("idempotency_key"):
+            rec["idempotency_key"] = res["idempotency_key"]
         self._budget(run_id, run, rec)
         if self.include_content:
             rec["input"] = run.content

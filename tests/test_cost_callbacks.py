@@ -302,3 +302,34 @@ def test_group_names_are_priced_by_a_bound_router_or_a_price_resolver(sim: Provi
         assert g2.ledger.entries()[0].cost == pytest.approx(13 * 1e-5)
     finally:
         router.close()
+
+
+# -- ResilientChatModel --------------------------------------------------------------------------------
+
+
+async def test_resilient_chat_model_is_priced_through_its_router(sim: ProviderSimulator):
+    from llm_resilience_plugin.langchain import ResilientChatModel
+
+    router = ResilientRouter(
+        model_list=[deployment(sim, "primary", "a", input_cost_per_token=1e-6, output_cost_per_token=2e-6)],
+        policy=FAST_POLICY,
+        clock=FakeClock(),
+    )
+    try:
+        llm = ResilientChatModel(router=router, model="primary", max_tokens=5)
+        with pytest.raises(ConfigError, match="router=llm.get_router"):
+            llm.invoke(PROMPT, config=cfg(CostGuardCallbackHandler(CostGuard([Budget.daily(1)]))))
+        assert sim.count() == 0
+        guard = CostGuard([Budget.daily(1)], router=llm.get_router())
+        handler = CostGuardCallbackHandler(guard)
+        msg = await llm.ainvoke(PROMPT, config=cfg(handler))
+        chunks = [c async for c in llm.astream(PROMPT, config=cfg(handler))]
+        assert len(chunks) > 1
+        entries = guard.ledger.entries()
+        assert [e.deployment_id for e in entries] == ["a", "a"]
+        u = msg.usage_metadata
+        assert entries[0].cost == pytest.approx(u["input_tokens"] * 1e-6 + u["output_tokens"] * 2e-6)
+        assert entries[1].cost > 0 and not entries[1].estimated
+        assert spent(guard)[1] == 0 and handler.pending == 0
+    finally:
+        router.close()

@@ -287,3 +287,20 @@ def test_redact_keeps_counts_and_idempotency_keys():
         "max_tokens": 5,
         "token": "abc",
     }
+
+
+def test_llm_run_record_of_a_resilient_chat_model_carries_the_router_report(
+    make_router: RouterFactory, sim: ProviderSimulator, logs: Capture
+):
+    from llm_resilience_plugin.langchain import ResilientChatModel
+
+    router = make_router({"primary": ["a"]}, policy={"breaker": {"fail_max": 100}})
+    sim.script("a", Fault.server_error(500))
+    llm = ResilientChatModel(router=router, model="primary", max_tokens=5)
+    llm.invoke("hello there friend", config={"callbacks": [StructuredLogCallbackHandler()]})
+    (run,) = logs.events("llm_run")
+    assert run["model"] == "primary" and run["deployment_id"] == "a" and run["served_group"] == "primary"
+    assert run["upstream_requests"] == 2 and run["retries"] == 1 and run["fallback_level"] == 0
+    assert run["call_id"] and run["idempotency_key"].startswith("fp-")
+    assert run["cost"] > 0 and run["completion_tokens"] == 5
+    assert not any(SECRET in line for line in logs.lines)
