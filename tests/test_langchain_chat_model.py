@@ -233,6 +233,8 @@ def test_identifying_and_ls_params_hold_no_secrets(lc_router: RouterMaker, sim: 
     assert ls["ls_temperature"] == 0.5 and ls["ls_max_tokens"] == 20 and ls["ls_stop"] == ["x"]
     assert llm._get_ls_params(model="backup")["ls_model_name"] == "backup"
     assert llm._llm_type == "llm-resilience-chat"
+    assert llm.get_num_tokens_from_messages([HumanMessage("hello there friend")]) > 0
+    llm.close()
 
 
 # -- invoke: metadata ----------------------------------------------------------------------------

@@ -324,6 +324,20 @@ class ResilientChatModel(BaseChatModel):
             params["ls_stop"] = list(ls_stop)
         return params
 
+    def get_num_tokens_from_messages(
+        self,
+        messages: list[BaseMessage],
+        tools: Sequence[dict[str, Any] | type | Callable[..., Any] | BaseTool] | None = None,
+    ) -> int:
+        """Prompt tokens by LiteLLM's counter for the group's first deployment model (offline for
+        OpenAI, Anthropic and DeepSeek models; others fall back to LiteLLM's default encoding)."""
+        import litellm
+
+        infos = self.get_router().deployments(self.model)
+        model = infos[0].model if infos else self.model
+        oai_tools: Any = [convert_to_openai_tool(t) for t in tools] if tools else None
+        return int(litellm.token_counter(model=model, messages=to_openai_messages(messages), tools=oai_tools))
+
     # -- tools and structured output -------------------------------------------------------------
 
     def bind_tools(
