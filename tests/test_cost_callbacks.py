@@ -317,7 +317,7 @@ async def test_resilient_chat_model_is_priced_through_its_router(sim: ProviderSi
     )
     try:
         llm = ResilientChatModel(router=router, model="primary", max_tokens=5)
-        with pytest.raises(ConfigError, match="router=llm.get_router"):
+        with pytest.raises(ConfigError, match=r"router=llm\.get_router"):
             llm.invoke(PROMPT, config=cfg(CostGuardCallbackHandler(CostGuard([Budget.daily(1)]))))
         assert sim.count() == 0
         guard = CostGuard([Budget.daily(1)], router=llm.get_router())
