@@ -545,16 +545,31 @@ class City(BaseModel):
     country: str
 
 
+class Options(BaseCallbackHandler):
+    def __init__(self) -> None:
+        self.options: list[Any] = []
+
+    def on_chat_model_start(self, serialized: Any, messages: Any, *, options: Any = None, **kw: Any) -> None:
+        self.options.append(options)
+
+
 @pytest.mark.parametrize("method", ["json_schema", "function_calling", "json_mode"])
 def test_with_structured_output_methods(sim: ProviderSimulator, lc_router: RouterMaker, method: str) -> None:
     llm = ResilientChatModel(router=lc_router(), model="primary")
+    seen = Options()
+    cfg: Any = {"callbacks": [seen]}
     if method == "json_mode":  # the simulator's JSON mode fills the quoted keys with strings
-        city = llm.with_structured_output(City, method="json_mode").invoke("Give 'name' and 'country'")
+        schema: type[BaseModel] = City
+        city = llm.with_structured_output(City, method="json_mode").invoke("Give 'name' and 'country'", cfg)
         assert isinstance(city, City) and city.name == "example name"
     else:
+        schema = Person
         extract = llm.with_structured_output(Person, method=method)  # type: ignore[arg-type]
-        person = extract.invoke("Return 'Ada Lovelace', 36 years old")
+        person = extract.invoke("Return 'Ada Lovelace', 36 years old", cfg)
         assert isinstance(person, Person) and person.age == 36
+    (opts,) = seen.options
+    assert opts["ls_structured_output_format"]["kwargs"]["method"] == method
+    assert opts["ls_structured_output_format"]["schema"]["title"] == schema.__name__
     body = sim.requests("p1")[-1].body
     if method == "json_schema":
         assert body["response_format"]["type"] == "json_schema"
