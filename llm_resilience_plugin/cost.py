@@ -768,7 +768,7 @@ class CostGuard:
         try:
             reservation = self.ledger.reserve(keys, amount, now=ts, ttl=self.reservation_ttl)
         except BudgetExceededError as err:
-            logger.warning(
+            logger.info(
                 "budget_refused",
                 extra={
                     "llm_event_name": "budget_refused",
