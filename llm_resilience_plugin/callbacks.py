@@ -494,6 +494,9 @@ class StructuredLogCallbackHandler(_RunTracking):
             run.params["max_tokens"] = md["ls_max_tokens"]
         with self._lock:
             self._runs[run_id] = run
+            # a run refused by another handler's on_*_start never ends: keep the map bounded
+            while len(self._runs) > 10_000:
+                self._runs.pop(next(iter(self._runs)))
 
     def on_chat_model_start(
         self,
@@ -602,7 +605,8 @@ class StructuredLogCallbackHandler(_RunTracking):
         )
         # ResilientChatModel: the router's call report under "resilience", the group and the
         # deployment at the top level
-        res = rm.get("resilience") if isinstance(rm.get("resilience"), Mapping) else {}
+        raw = rm.get("resilience")
+        res: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
         for k in ("call_id", "fallback_level", "upstream_requests", "retries", "served_group"):
             v = rm.get(k, res.get(k))
             if v is not None:

@@ -438,8 +438,8 @@ class CostGuard:
     Args:
         budgets: the :class:`Budget` list (names must be unique).
         ledger: ``"memory"`` (default), ``"sqlite:///spend.db"``, or a :class:`Ledger`.
-        alert_at: fraction(s) of a limit at which to alert once per window and scope (default
-            0.8; ``None`` or ``()`` for none).
+        alert_at: fraction(s) of a day/month/total limit at which to alert once per window and
+            scope (default 0.8; ``None`` or ``()`` for none).
         on_alert: called with each :class:`BudgetAlert` (also logged as ``budget_alert``).
         timezone: IANA name or ``tzinfo`` for calendar days/months (default UTC).
         now: clock returning epoch seconds or an aware ``datetime`` (tests inject a fake).
@@ -541,6 +541,7 @@ class CostGuard:
             self.bind_router(router)
         self._lock = threading.Lock()
         self._calls: OrderedDict[str, _Call] = OrderedDict()
+        self._alerted: OrderedDict[tuple[str, float], None] = OrderedDict()
 
     # -- configuration ---------------------------------------------------------------------------
 
@@ -891,12 +892,19 @@ class CostGuard:
         keys = {k.id: k for k in ticket.reservation.keys}
         for u in usages:
             key = keys.get(BudgetKey(u.budget, u.scope, u.window, u.limit).id)
-            if key is None or u.limit <= 0:
-                continue
+            if key is None or u.limit <= 0 or key.window in ("request", "run"):
+                continue  # alerts are for calendar/total windows, not for each request or run
             for threshold in self.alert_at:
                 if u.spent < threshold * u.limit - 1e-12:
                     break
-                if self.ledger.mark_alert(key, threshold):
+                marker = (key.id, threshold)
+                with self._lock:
+                    if marker in self._alerted:
+                        continue
+                    self._alerted[marker] = None
+                    while len(self._alerted) > 10_000:
+                        self._alerted.popitem(last=False)
+                if self.ledger.mark_alert(key, threshold):  # once across processes too
                     self._fire(
                         BudgetAlert(
                             budget=u.budget,

@@ -725,6 +725,49 @@ class SQLiteLedger(Ledger):
             for r in self._conn().execute(sql + " ORDER BY ts, seq", args)
         ]
 
+    def report(self, since: float | None = None, until: float | None = None) -> SpendReport:
+        """Aggregated in SQL (the spend log may hold millions of rows)."""
+        where, args = "WHERE 1=1", []
+        if since is not None:
+            where += " AND ts >= ?"
+            args.append(since)
+        if until is not None:
+            where += " AND ts < ?"
+            args.append(until)
+        conn = self._conn()
+        rep = SpendReport()
+        total, calls, pt, ct = conn.execute(
+            "SELECT coalesce(sum(cost_nano), 0), count(*), coalesce(sum(prompt_tokens), 0),"
+            f" coalesce(sum(completion_tokens), 0) FROM spend {where}",
+            args,
+        ).fetchone()
+        rep.total, rep.calls, rep.prompt_tokens, rep.completion_tokens = (
+            from_nano(int(total)), int(calls), int(pt), int(ct)
+        )  # fmt: skip
+
+        def grouped(column: str) -> dict[str, float]:
+            rows = conn.execute(
+                f"SELECT {column}, sum(cost_nano) FROM spend {where} AND {column} IS NOT NULL"
+                f" GROUP BY {column} ORDER BY {column}",
+                args,
+            )
+            return {str(k): from_nano(int(v)) for k, v in rows}
+
+        rep.by_day = grouped("day")
+        rep.by_month = grouped("month")
+        rep.by_model = grouped("model")
+        rep.by_model_group = grouped("model_group")
+        rep.by_deployment = grouped("deployment_id")
+        rep.by_scope = {
+            str(k): from_nano(int(v))
+            for k, v in conn.execute(
+                "SELECT j.key || '=' || j.value AS scope, sum(spend.cost_nano)"
+                f" FROM spend, json_each(spend.scopes) AS j {where} GROUP BY scope ORDER BY scope",
+                args,
+            )
+        }
+        return rep
+
     def mark_alert(self, key: BudgetKey, threshold: float) -> bool:
         conn = self._conn()
         with _immediate(conn):

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import threading
 from collections import OrderedDict
@@ -555,6 +556,8 @@ def attach_router_logging(
         for k, v in params.items():
             if _is_secret_key(str(k)) and isinstance(v, str):
                 register_secret(v)
+                if v.startswith("os.environ/"):  # LiteLLM's reference to an env variable
+                    register_secret(os.environ.get(v[len("os.environ/") :]))
     observer = RouterObserver.for_router(router, prices=guard.prices if guard else None)
     if include_content:
         observer.include_content = True

@@ -380,7 +380,8 @@ async def test_alert_fires_once_per_window_and_scope_as_log_and_callback(
     alerts: list[BudgetAlert] = []
     one = estimate_prompt_tokens(MSG) * IN + 5 * OUT
     guard = CostGuard(
-        [Budget.daily(10 * one), Budget.scoped("tenant", 4 * one)],
+        # the per-request budget is 67 % used by every call: alerts are not for requests
+        [Budget.daily(10 * one), Budget.scoped("tenant", 4 * one), Budget.per_request(1.5 * one)],
         alert_at=[0.5, 0.8],
         on_alert=alerts.append,
         timezone="Europe/Paris",

@@ -304,3 +304,26 @@ def test_llm_run_record_of_a_resilient_chat_model_carries_the_router_report(
     assert run["call_id"] and run["idempotency_key"].startswith("fp-")
     assert run["cost"] > 0 and run["completion_tokens"] == 5
     assert not any(SECRET in line for line in logs.lines)
+
+
+async def test_keys_given_as_environment_references_are_scrubbed_too(
+    sim: ProviderSimulator, logs: Capture, monkeypatch: pytest.MonkeyPatch
+):
+    from llm_resilience_plugin import FakeClock, ResilientRouter
+    from tests.conftest import FAST_POLICY, deployment
+
+    monkeypatch.setenv("LLMRP_TEST_KEY", "sk-from-env-0123456789")
+    router = ResilientRouter(
+        model_list=[deployment(sim, "primary", "a", api_key="os.environ/LLMRP_TEST_KEY")],
+        policy=FAST_POLICY,
+        clock=FakeClock(),
+    )
+    try:
+        attach_router_logging(router)
+        sim.script("a", Fault.http_error(500, message="key sk-from-env-0123456789 is throttled"))
+        await router.acompletion(model="primary", messages=MSG, max_tokens=5)
+        failed = logs.events("llm_attempt")[0]
+        assert failed["error_message"].endswith("key [REDACTED] is throttled")
+        assert not any("sk-from-env" in line for line in logs.lines)
+    finally:
+        router.close()
