@@ -385,6 +385,7 @@ class _CallContext:
     opts: _CallOptions = field(default_factory=lambda: _CallOptions(key=""))
     tier: TierPolicy | None = None
     require_prefill: bool = False
+    out_of_time: bool = False  # a retry or fallback was given up because it would not fit
 
 
 class _SyncRunner:
@@ -440,6 +441,7 @@ class ResilientRouter:
         guards: list[AttemptGuard] | None = None,
         idempotency_store: str | IdempotencyStore | None = None,
         idempotency_ttl: float = 600.0,
+        shared_state: Any = None,
         **litellm_router_kwargs: Any,
     ) -> None:
         spec = build_spec(
@@ -451,7 +453,7 @@ class ResilientRouter:
             content_policy_fallbacks=content_policy_fallbacks,
             default_fallbacks=default_fallbacks,
         )
-        self._init_from_spec(spec, clock=clock, seed=seed, guards=guards)
+        self._init_from_spec(spec, clock=clock, seed=seed, guards=guards, shared_state=shared_state)
         self.set_idempotency_store(idempotency_store, ttl=idempotency_ttl)
 
     def set_idempotency_store(self, store: str | IdempotencyStore | None, *, ttl: float = 600.0) -> None:
@@ -472,9 +474,10 @@ class ResilientRouter:
         clock: Clock | None = None,
         seed: int | None = None,
         guards: list[AttemptGuard] | None = None,
+        shared_state: Any = None,
     ) -> ResilientRouter:
         self = cls.__new__(cls)
-        self._init_from_spec(spec, clock=clock, seed=seed, guards=guards)
+        self._init_from_spec(spec, clock=clock, seed=seed, guards=guards, shared_state=shared_state)
         return self
 
     @classmethod
@@ -485,10 +488,11 @@ class ResilientRouter:
         clock: Clock | None = None,
         seed: int | None = None,
         guards: list[AttemptGuard] | None = None,
+        shared_state: Any = None,
     ) -> ResilientRouter:
         """From a LiteLLM proxy-style YAML path (or its parsed mapping) with a ``resilience:`` section."""
         spec = spec_from_mapping(config) if isinstance(config, Mapping) else load_config(config)
-        return cls.from_spec(spec, clock=clock, seed=seed, guards=guards)
+        return cls.from_spec(spec, clock=clock, seed=seed, guards=guards, shared_state=shared_state)
 
     def _init_from_spec(
         self,
@@ -497,7 +501,10 @@ class ResilientRouter:
         clock: Clock | None,
         seed: int | None,
         guards: list[AttemptGuard] | None = None,
+        shared_state: Any = None,
     ) -> None:
+        """``shared_state``: None (use ``router_settings.redis_url`` if set), a redis:// URL, a
+        ``redis_state.RedisSharedState``, or False (local state even with a redis_url)."""
         allow_loopback()
         self.spec = spec
         self.policy = spec.policy
@@ -540,20 +547,54 @@ class ResilientRouter:
         self._hold_until = 0.0
         # Shared (multi-process) breaker state can change without a local transition event.
         self._shared_breakers = False
+        # Shared state on Redis (docs/scaling-out.md): breakers and retry budgets fleet-wide.
+        self.shared_state: Any = None
+        shared_members: list[Any] = []
+        wants_shared = shared_state is not None and shared_state is not False
+        if shared_state is None and spec.policy.shared_state.enabled:
+            rs = spec.router_settings
+            wants_shared = bool(rs.get("redis_url") or rs.get("redis_host"))
+        if wants_shared:
+            try:
+                from llm_resilience_plugin import redis_state
+            except ImportError as e:
+                raise ConfigError(
+                    "router_settings.redis_url",
+                    f"shared state needs redis-py: pip install 'llm-resilience-plugin[redis]' ({e})",
+                ) from None
+            self.shared_state = redis_state.attach_router(spec, shared_state)
+            self._shared_breakers = True
+            router_key = spec.policy.shared_state.router_name or redis_state.router_key(
+                spec.model_list, [(i.model_group, i.id) for i in self._deployments.values()]
+            )
         self._breakers = BreakerRegistry()
         for info in self._deployments.values():
+            eff = self.policy.for_group(info.model_group)
+            backend = None
+            if self.shared_state is not None:
+                lease = spec.policy.shared_state.probe_lease or eff.deadline
+                backend = self.shared_state.breaker_backend(router_key, info.id, eff.breaker, lease=lease)
+                shared_members.append(backend)
             self._breakers.add(
                 DeploymentBreaker(
                     info.id,
                     info.model_group,
-                    self.policy.for_group(info.model_group).breaker,
+                    eff.breaker,
                     clock=self._clock.wall,
                     on_transition=self._on_transition,
+                    backend=backend,
                 )
             )
-        self._budgets = {
-            g: RetryBudget(self.policy.for_group(g).retry_budget) for g in self._group_deployments
-        }
+        self._budgets = {}
+        for g in self._group_deployments:
+            rb = self.policy.for_group(g).retry_budget
+            bucket = None
+            if self.shared_state is not None:
+                bucket = self.shared_state.token_bucket(router_key, g, rb.capacity)
+                shared_members.append(bucket)
+            self._budgets[g] = RetryBudget(rb, shared=bucket)
+        if self.shared_state is not None:
+            self.shared_state.prime(shared_members)
         self._policies = {g: self.policy.for_group(g) for g in self._group_deployments}
         self._hedges = {
             g: HedgeState(p.hedge)
@@ -565,7 +606,11 @@ class ResilientRouter:
         self._single_flight = SingleFlight()
         self._sync = _SyncRunner()
         _install_hook()
-        self._finalizer = weakref.finalize(self, _release, self._sync)
+        release: Callable[..., None] = _release
+        release_args: tuple[Any, ...] = (self._sync,)
+        if self.shared_state is not None:  # closing also stops syncing this router's keys
+            release, release_args = self.shared_state.release_router, (_release, self._sync, shared_members)
+        self._finalizer = weakref.finalize(self, release, *release_args)
 
     def _on_transition(self, event: BreakerTransition) -> None:
         if event.new_state == "closed":
@@ -974,7 +1019,8 @@ class ResilientRouter:
         root = next((f for f in failures if f.error_class is not ErrorClass.CIRCUIT_OPEN), None)
         root = root or (failures[0] if failures else None)
         n = report.upstream_requests
-        if ctx.deadline.remaining() <= self.policy.min_attempt_time and failures:
+        out_of_time = ctx.out_of_time or ctx.deadline.remaining() <= self.policy.min_attempt_time
+        if out_of_time and failures:
             err: AllRoutesFailedError = DeadlineExceededError(
                 f"deadline exceeded after {n} request(s) for {report.requested_group!r}",
                 report.attempts,
@@ -1008,6 +1054,7 @@ class ResilientRouter:
             retry_cap=ctx.tier.max_retries if ctx.tier is not None else None,
         )
         ctx.next_wait = 0.0
+        ctx.out_of_time = False
         hedge = self._hedges.get(group)
         if hedge is not None and (not ctx.opts.idempotent or (ctx.tier is not None and not ctx.tier.hedge)):
             hedge = None
@@ -1034,11 +1081,16 @@ class ResilientRouter:
                     await maybe
 
         retrying = build_retrying(state, self._clock, before_sleep)
-        async for attempt in retrying:
-            with attempt:
-                if hedge is None:
-                    return await self._attempt(ctx, group, level, messages, kwargs)
-                return await self._hedged_attempt(ctx, group, level, messages, kwargs, hedge)
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    if hedge is None:
+                        return await self._attempt(ctx, group, level, messages, kwargs)
+                    return await self._hedged_attempt(ctx, group, level, messages, kwargs, hedge)
+        except AttemptFailed:
+            if state.gave_up_reason is not None and state.gave_up_reason.startswith("no time left"):
+                ctx.out_of_time = True
+            raise
         raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
 
     async def _hedged_attempt(

@@ -227,6 +227,9 @@ class ResilientStream:
             }
         if self.report.served_model is None and getattr(chunk, "model", None):
             self.report.served_model = chunk.model
+        cost = (getattr(chunk, "_hidden_params", None) or {}).get("response_cost")
+        if isinstance(cost, int | float) and not isinstance(cost, bool):
+            self.report.response_cost = float(cost)
 
     def _succeed(self) -> None:
         if self._closed:

@@ -547,3 +547,29 @@ async def test_hook_is_removed_when_the_last_router_closes(make_router: RouterFa
     )
     resp = await plain.acompletion(model="p", messages=MSG)
     assert resp.choices[0].message.content
+
+
+async def test_giving_up_because_the_next_wait_does_not_fit_is_a_deadline_error(
+    make_router: RouterFactory, sim
+):
+    from llm_resilience_plugin import DeadlineExceededError
+
+    router = make_router(
+        {"primary": ["a"]}, policy={"deadline": 2, "backoff": {"initial": 10, "maximum": 10}}
+    )
+    sim.set_default("a", Fault.server_error(503))
+    with pytest.raises(DeadlineExceededError):
+        await router.acompletion(model="primary", messages=MSG)
+
+
+async def test_stream_report_carries_the_streamed_cost(sim):
+    from llm_resilience_plugin import ResilientRouter
+    from tests.conftest import deployment
+
+    dep = deployment(sim, "primary", "a", input_cost_per_token=1e-6, output_cost_per_token=2e-6)
+    router = ResilientRouter(model_list=[dep])
+    stream = await router.acompletion(model="primary", messages=MSG, stream=True)
+    async for _ in stream:
+        pass
+    assert stream.report.response_cost and stream.report.response_cost > 0
+    router.close()

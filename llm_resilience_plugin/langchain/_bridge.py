@@ -24,7 +24,7 @@ import contextlib
 import logging
 import sys
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 from types import FrameType
 from typing import Any
@@ -202,3 +202,27 @@ class EventSink:
             yield
         finally:
             _SINK.reset(token)
+
+
+def config_deadline(config: Mapping[str, Any] | None = None) -> float | None:
+    """Seconds left for this run according to its RunnableConfig, if the caller set one.
+
+    Looks at ``configurable`` then ``metadata`` for ``deadline`` / ``timeout`` (seconds from now)
+    or ``deadline_at`` (an absolute epoch time, so a deadline set at the top of a chain shrinks as
+    the chain runs). Without ``config``, the config of the run in progress is used.
+    """
+    import time
+
+    from langchain_core.runnables.config import ensure_config
+
+    cfg = ensure_config(config) if config is None else config
+    found: list[float] = []
+    for section in (cfg.get("configurable") or {}, cfg.get("metadata") or {}):
+        for key in ("deadline", "timeout"):
+            value = section.get(key)
+            if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+                found.append(float(value))
+        at = section.get("deadline_at")
+        if isinstance(at, int | float) and not isinstance(at, bool):
+            found.append(max(0.001, float(at) - time.time()))
+    return min(found) if found else None

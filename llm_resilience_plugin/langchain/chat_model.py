@@ -7,10 +7,12 @@ deadline apply on both the generate and the stream paths; ``with_retry`` is neve
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import warnings
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from operator import itemgetter
 from pathlib import Path
 from typing import Any, Literal
@@ -42,7 +44,12 @@ from llm_resilience_plugin.config import (
 )
 from llm_resilience_plugin.errors import ConfigError, UnknownModelGroupError
 from llm_resilience_plugin.events import CallReport
-from llm_resilience_plugin.langchain._bridge import EventSink, bridge_router, find_run_manager
+from llm_resilience_plugin.langchain._bridge import (
+    EventSink,
+    bridge_router,
+    config_deadline,
+    find_run_manager,
+)
 from llm_resilience_plugin.langchain._convert import (
     StreamAssembler,
     generations_from_response,
@@ -56,6 +63,10 @@ API_KEY_ENV = "LLM_RESILIENCE_API_KEY"
 
 _TOOL_CHOICE_KEYWORDS = frozenset({"auto", "none", "required"})
 # LangChain-level kwargs that never go to the provider.
+# The RunnableConfig of the call in progress: BaseChatModel.invoke/stream do not hand
+# `configurable` down to _generate/_stream, and the deadline may be there.
+_RUN_CONFIG: ContextVar[Mapping[str, Any] | None] = ContextVar("llm_resilience_run_config", default=None)
+
 _LC_ONLY_KWARGS = frozenset({"stream", "ls_structured_output_format", "run_manager"})
 
 
@@ -459,6 +470,41 @@ class ResilientChatModel(BaseChatModel):
             return RunnableMap(raw=llm) | parser_with_fallback
         return llm | parser
 
+    # -- the run's config (for a deadline carried in `configurable` / metadata) -----------------
+
+    def invoke(self, input: LanguageModelInput, config: Any = None, **kwargs: Any) -> AIMessage:
+        token = _RUN_CONFIG.set(config)
+        try:
+            return super().invoke(input, config, **kwargs)
+        finally:
+            _RUN_CONFIG.reset(token)
+
+    async def ainvoke(self, input: LanguageModelInput, config: Any = None, **kwargs: Any) -> AIMessage:
+        token = _RUN_CONFIG.set(config)
+        try:
+            return await super().ainvoke(input, config, **kwargs)
+        finally:
+            _RUN_CONFIG.reset(token)
+
+    def stream(self, input: LanguageModelInput, config: Any = None, **kwargs: Any) -> Iterator[Any]:
+        token = _RUN_CONFIG.set(config)
+        try:
+            yield from super().stream(input, config, **kwargs)
+        finally:
+            with contextlib.suppress(ValueError):  # reset from another context after a handoff
+                _RUN_CONFIG.reset(token)
+
+    async def astream(
+        self, input: LanguageModelInput, config: Any = None, **kwargs: Any
+    ) -> AsyncIterator[Any]:
+        token = _RUN_CONFIG.set(config)
+        try:
+            async for chunk in super().astream(input, config, **kwargs):
+                yield chunk
+        finally:
+            with contextlib.suppress(ValueError):
+                _RUN_CONFIG.reset(token)
+
     # -- request preparation ---------------------------------------------------------------------
 
     def _prepare(
@@ -485,7 +531,10 @@ class ResilientChatModel(BaseChatModel):
         if params.get("tools") == []:
             params.pop("tools")
             params.pop("tool_choice", None)
-        return group, params, deadline or timeout or self.timeout
+        # An explicit argument wins; then a deadline carried by the run's RunnableConfig (see
+        # config_deadline); then the model's own timeout.
+        cfg = _RUN_CONFIG.get()
+        return group, params, deadline or timeout or config_deadline(cfg) or self.timeout
 
     def _metadata(
         self, report: CallReport | None, served_model: str | None, cost: float | None

@@ -59,7 +59,7 @@ from llm_resilience_plugin.events import (
     Listener,
     RetryScheduled,
 )
-from llm_resilience_plugin.langchain._bridge import _SINK, EventSink
+from llm_resilience_plugin.langchain._bridge import _SINK, EventSink, config_deadline
 from llm_resilience_plugin.retry import (
     AttemptFailed,
     Clock,
@@ -293,7 +293,7 @@ class ResilientRunnable(Runnable[Input, Output]):
         self.events.emit(event)
         call.sink.on_event(event)
 
-    def _new_call(self, run_manager: Any, stream: bool) -> _Call:
+    def _new_call(self, run_manager: Any, stream: bool, config: RunnableConfig | None = None) -> _Call:
         report = CallReport(
             call_id=uuid.uuid4().hex[:16],
             requested_group=self.step,
@@ -302,7 +302,9 @@ class ResilientRunnable(Runnable[Input, Output]):
         )
         return _Call(
             report=report,
-            deadline=Deadline.after(self._clock, self.deadline),
+            deadline=Deadline.after(
+                self._clock, min(self.deadline, config_deadline(config) or self.deadline)
+            ),
             sink=EventSink(run_manager, enabled=self.emit_events),
         )
 
@@ -553,7 +555,7 @@ class ResilientRunnable(Runnable[Input, Output]):
         config: RunnableConfig,
         **kwargs: Any,
     ) -> Output:
-        call = self._new_call(run_manager, stream=False)
+        call = self._new_call(run_manager, stream=False, config=config)
 
         def attempt() -> Output:
             adm, timeout, started_wall, wait_before = self._begin(call, stream=False)
@@ -594,7 +596,7 @@ class ResilientRunnable(Runnable[Input, Output]):
         config: RunnableConfig,
         **kwargs: Any,
     ) -> Output:
-        call = self._new_call(run_manager, stream=False)
+        call = self._new_call(run_manager, stream=False, config=config)
 
         async def attempt() -> Output:
             adm, timeout, started_wall, wait_before = self._begin(call, stream=False)
@@ -646,7 +648,7 @@ class ResilientRunnable(Runnable[Input, Output]):
         **kwargs: Any,
     ) -> Iterator[Output]:
         input = self._single(list(inputs))
-        call = self._new_call(run_manager, stream=True)
+        call = self._new_call(run_manager, stream=True, config=config)
 
         def attempt() -> _Open:
             adm, timeout, started_wall, wait_before = self._begin(call, stream=True)
@@ -736,7 +738,7 @@ class ResilientRunnable(Runnable[Input, Output]):
         **kwargs: Any,
     ) -> AsyncIterator[Output]:
         input = self._single([x async for x in inputs])
-        call = self._new_call(run_manager, stream=True)
+        call = self._new_call(run_manager, stream=True, config=config)
 
         async def attempt() -> _Open:
             adm, timeout, started_wall, wait_before = self._begin(call, stream=True)
