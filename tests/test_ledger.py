@@ -31,7 +31,7 @@ from llm_resilience_plugin.ledger import (
     to_nano,
 )
 
-PKG_DIR = str(Path(llm_resilience_plugin.__file__).parent)
+ROOT = str(Path(llm_resilience_plugin.__file__).parent.parent)
 PRICE = Price(1e-6, 2e-6, "override", None, "m")
 CANDS = [("m", "m", PRICE)]
 
@@ -153,12 +153,12 @@ def test_sqlite_uses_wal(tmp_path: Path):
 
 # -- persistence across processes ------------------------------------------------------------------
 
-# The child imports only the ledger and the guard (neither needs LiteLLM when prompt tokens are
-# given): a stub package keeps it from paying the package's 4-8 s LiteLLM import.
+# A plain second interpreter; the guard and the ledger do not import LiteLLM when prompt tokens
+# are given, so it starts in a fraction of a second.
 CHILD = r"""
-import json, sys, types
-pkg = types.ModuleType("llm_resilience_plugin"); pkg.__path__ = [sys.argv[1]]
-sys.modules["llm_resilience_plugin"] = pkg
+import json, sys
+sys.path.insert(0, sys.argv[1])
+assert "litellm" not in sys.modules
 from llm_resilience_plugin.cost import Budget, CostGuard, Price
 from llm_resilience_plugin.errors import BudgetExceededError
 path, now = sys.argv[2], float(sys.argv[3])
@@ -179,7 +179,7 @@ print(json.dumps(out))
 
 def run_child(path: Path, now: float) -> dict[str, Any]:
     proc = subprocess.run(
-        [sys.executable, "-c", CHILD, PKG_DIR, str(path), str(now)],
+        [sys.executable, "-c", CHILD, ROOT, str(path), str(now)],
         capture_output=True,
         text=True,
         timeout=60,
