@@ -50,7 +50,8 @@ def test_check_prints_the_effective_policy(tmp_path, capsys) -> None:
 def test_bad_arguments_are_clear(tmp_path, capsys) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text(
-        "model_list:\n  - model_name: p\n    litellm_params: {model: x}\nrouter_settings: {fallbacks: [{p: [q]}]}\n"
+        "model_list:\n  - model_name: p\n    litellm_params: {model: x}\n"
+        "router_settings: {fallbacks: [{p: [q]}]}\n"
     )
     assert main(["check", str(bad)]) == 2
     assert "unknown fallback group 'q'" in capsys.readouterr().err
