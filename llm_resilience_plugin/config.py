@@ -179,6 +179,39 @@ class GroupPolicy(_Model):
     classes: dict[ErrorClass, ClassPolicy] = Field(default_factory=dict)
 
 
+# -- shared state on Redis (issue #6; see docs/scaling-out.md) --------------------------------------
+
+
+class SharedStatePolicy(_Model):
+    """Breakers, retry budgets (and a Redis cost ledger) shared by every worker on one Redis.
+
+    Switched on by ``router_settings.redis_url`` (LiteLLM's own key); this section only tunes it.
+    """
+
+    enabled: bool = Field(default=True, description="False keeps state local even with a redis_url.")
+    namespace: str = Field(
+        default="llm-resilience", min_length=1, description="Key prefix (one per application)."
+    )
+    router_name: str | None = Field(
+        default=None, min_length=1, description="Key part per router (default: a hash of its deployments)."
+    )
+    socket_timeout: float = Field(default=0.1, gt=0, le=5, description="Seconds per Redis call.")
+    connect_timeout: float = Field(default=0.1, gt=0, le=5, description="Seconds to connect to Redis.")
+    sync_interval: float = Field(
+        default=0.1, gt=0, le=10, description="Seconds between background refreshes of breakers/budgets."
+    )
+    retry_interval: float = Field(
+        default=1.0, gt=0, le=300, description="After a Redis error, seconds on local state before retrying."
+    )
+    probe_lease: float | None = Field(
+        default=None, gt=0, description="Seconds a half-open probe slot is held at most (default: deadline)."
+    )
+    ledger_on_error: Literal["fail_closed", "local"] = Field(
+        default="fail_closed",
+        description="Redis unreachable: refuse metered calls, or spend on a local ledger and reconcile.",
+    )
+
+
 class ResiliencePolicy(_Model):
     """The whole policy. Defaults are explained in README ("Policy defaults")."""
 
@@ -208,6 +241,7 @@ class ResiliencePolicy(_Model):
     default_tier: str | None = None
     max_fallbacks: int = Field(default=5, ge=0, le=50)
     groups: dict[str, GroupPolicy] = Field(default_factory=dict)
+    shared_state: SharedStatePolicy = Field(default_factory=SharedStatePolicy)
 
     @model_validator(mode="after")
     def _fill_classes(self) -> ResiliencePolicy:

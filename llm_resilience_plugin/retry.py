@@ -13,11 +13,15 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import tenacity
 
 from llm_resilience_plugin.config import BackoffPolicy, EffectivePolicy, RetryBudgetPolicy
 from llm_resilience_plugin.errors import ErrorClass, Failure
+
+if TYPE_CHECKING:
+    from llm_resilience_plugin.redis_state import SharedTokens
 
 
 class Clock:
@@ -82,24 +86,41 @@ class Deadline:
 class RetryBudget:
     """Token bucket per model group: a failure spends a token, a success refunds a fraction, and
     retries stop while the bucket is below ``min_fraction`` of its capacity. First attempts and
-    fallbacks to other groups are never refused: the budget only bounds amplification."""
+    fallbacks to other groups are never refused: the budget only bounds amplification.
 
-    def __init__(self, policy: RetryBudgetPolicy) -> None:
+    ``shared`` (e.g. a ``redis_state.RedisTokenBucket``) makes it one bucket for the whole fleet:
+    every change is also handed to it, and the level read is the fleet's (this process's own
+    changes included). While the shared bucket cannot say (``tokens()`` is None: Redis down, or
+    not synced yet) the local bucket, which follows the last fleet level, is used.
+    """
+
+    def __init__(self, policy: RetryBudgetPolicy, *, shared: SharedTokens | None = None) -> None:
         self.policy = policy
         self._tokens = policy.capacity
         self._lock = threading.Lock()
+        self.shared = shared
 
     @property
     def tokens(self) -> float:
+        if self.shared is not None:
+            fleet = self.shared.tokens()
+            if fleet is not None:
+                self._tokens = fleet  # the local bucket carries on from here if Redis goes away
+                return fleet
         return self._tokens
 
-    def on_failure(self) -> None:
+    def _add(self, delta: float) -> None:
         with self._lock:
-            self._tokens = max(0.0, self._tokens - 1.0)
+            self._tokens = min(self.policy.capacity, max(0.0, self._tokens + delta))
+        if self.shared is not None:
+            self.shared.add(delta)
+
+    def on_failure(self) -> None:
+        self._add(-1.0)
 
     def on_success(self) -> None:
-        with self._lock:
-            self._tokens = min(self.policy.capacity, self._tokens + self.policy.refund_per_success)
+        if self.policy.refund_per_success:
+            self._add(self.policy.refund_per_success)
 
     def spend(self) -> None:
         """A hedge draws a token as a failure would."""
@@ -107,12 +128,12 @@ class RetryBudget:
 
     @property
     def fraction(self) -> float:
-        return self._tokens / self.policy.capacity
+        return self.tokens / self.policy.capacity
 
     def allows_retry(self) -> bool:
         if not self.policy.enabled:
             return True
-        return self._tokens >= self.policy.capacity * self.policy.min_fraction
+        return self.tokens >= self.policy.capacity * self.policy.min_fraction
 
 
 class AttemptFailed(Exception):
