@@ -54,6 +54,47 @@ def _check(path: str, as_json: bool) -> int:
     return 0
 
 
+def _report(ledger: str, since: str | None, as_json: bool) -> int:
+    from datetime import datetime
+
+    from llm_resilience_plugin.ledger import SQLiteLedger, open_ledger
+
+    if ledger.startswith("sqlite:///"):
+        path = ledger.removeprefix("sqlite:///")
+        import os
+
+        if not os.path.exists(path):
+            raise ConfigError("--ledger", f"no ledger file at {path}; pass the URL your CostGuard uses")
+    opened = open_ledger(ledger)
+    if not isinstance(opened, SQLiteLedger) and not ledger.startswith("redis"):
+        raise ConfigError("--ledger", "expected a persistent ledger URL such as sqlite:///spend.db")
+    start = None
+    if since is not None:
+        try:
+            start = datetime.fromisoformat(since).timestamp()
+        except ValueError:
+            raise ConfigError("--since", "expected an ISO date such as 2026-11-01") from None
+    rep = opened.report(since=start)
+    if as_json:
+        print(json.dumps(rep.to_dict(), indent=2))
+    else:
+        print(rep)
+    return 0
+
+
+def _bench(which: str, extra: Sequence[str]) -> int:
+    import runpy
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "benchmarks"
+    script = root / f"{which}.py"
+    if not script.exists():
+        raise ConfigError("bench", f"{script} not found: run benchmarks from a source checkout")
+    sys.argv = [str(script), *extra]
+    runpy.run_path(str(script), run_name="__main__")
+    return 0
+
+
 def _simulator(argv: Sequence[str]) -> int:
     from llm_resilience_plugin.simulator import main as sim_main
 
@@ -64,7 +105,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="llm-resilience",
         description="Resilience for LiteLLM's Router: try the demo, check a config, run the simulator.",
-        epilog="Examples:\n  llm-resilience demo\n  llm-resilience check router.yaml\n"
+        epilog="Examples:\n"
+        "  llm-resilience demo                         # the incident demo, no API keys\n"
+        "  llm-resilience check router.yaml            # validate a config, print the policy\n"
+        "  llm-resilience report --ledger sqlite:///spend.db --since 2026-11-01\n"
+        "  llm-resilience bench chaos --calls 100      # benchmarks (from a source checkout)\n"
         "  llm-resilience simulator --port 8900 --deployments a,b",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -74,6 +119,13 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("check", help="validate a LiteLLM/plugin YAML and print the effective policy")
     c.add_argument("config", help="path to a LiteLLM proxy-style YAML with an optional resilience: section")
     c.add_argument("--json", action="store_true", help="print JSON instead of text")
+    r = sub.add_parser("report", help="print spend from a cost-guard ledger (by day, model, scope)")
+    r.add_argument("--ledger", required=True, help="the ledger URL, e.g. sqlite:///spend.db")
+    r.add_argument("--since", help="only spend from this ISO date on")
+    r.add_argument("--json", action="store_true")
+    b = sub.add_parser("bench", help="run a benchmark from benchmarks/ (overhead, chaos, scale)")
+    b.add_argument("which", choices=["overhead", "chaos", "scale"])
+    b.add_argument("args", nargs=argparse.REMAINDER, help="passed to the benchmark (see its --help)")
     s = sub.add_parser("simulator", help="run the provider simulator standalone", add_help=False)
     s.add_argument("args", nargs=argparse.REMAINDER)
     return p
@@ -91,6 +143,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(run_demo(args.calls))
         if args.command == "check":
             return _check(args.config, args.json)
+        if args.command == "report":
+            return _report(args.ledger, args.since, args.json)
+        if args.command == "bench":
+            return _bench(args.which, args.args)
         if args.command == "simulator":
             return _simulator(args.args)
     except ConfigError as exc:

@@ -60,3 +60,22 @@ def test_bad_arguments_are_clear(tmp_path, capsys) -> None:
         main(["demo", "--calls", "zero"])
     assert main([]) == 2
     assert "demo" in capsys.readouterr().out
+
+
+async def test_report_reads_a_sqlite_ledger(tmp_path, make_router, sim, capsys) -> None:
+    from llm_resilience_plugin.cost import Budget, CostGuard
+
+    url = f"sqlite:///{tmp_path / 'spend.db'}"
+    guard = CostGuard(budgets=[Budget.daily(10)], ledger=url)
+    router = make_router({"primary": ["a"]}, guards=[guard])
+    guard.bind_router(router)
+    for _ in range(3):
+        await router.acompletion(model="primary", messages=[{"role": "user", "content": "hi"}], max_tokens=20)
+    guard.close()
+    assert main(["report", "--ledger", url]) == 0
+    out = capsys.readouterr().out
+    assert "primary" in out or "gpt-4o-mini" in out
+    assert main(["report", "--ledger", url, "--json"]) == 0
+    assert '"total"' in capsys.readouterr().out
+    assert main(["report", "--ledger", f"sqlite:///{tmp_path / 'none.db'}"]) == 2
+    assert main(["report", "--ledger", url, "--since", "yesterday"]) == 2
