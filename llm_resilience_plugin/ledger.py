@@ -817,7 +817,8 @@ class _immediate:
 
 def open_ledger(spec: Ledger | str | os.PathLike[str] | None) -> Ledger:
     """A ledger from ``None``/``"memory"`` (in memory), ``"sqlite:///path/to/spend.db"``
-    (``sqlite:////abs/path`` for an absolute path), a plain ``*.db``/``*.sqlite`` path, or a
+    (``sqlite:////abs/path`` for an absolute path), a plain ``*.db``/``*.sqlite`` path,
+    ``"redis://host:6379/0"`` (:class:`~llm_resilience_plugin.redis_state.RedisLedger`), or a
     :class:`Ledger` instance."""
     if spec is None:
         return MemoryLedger()
@@ -834,17 +835,16 @@ def open_ledger(spec: Ledger | str | os.PathLike[str] | None) -> Ledger:
         return MemoryLedger()
     if spec.startswith("sqlite:///"):
         return SQLiteLedger(spec[len("sqlite:///") :])
-    if spec.startswith("redis://") or spec.startswith("rediss://"):
-        raise ConfigError(
-            "ledger",
-            "the Redis ledger is not available yet; use 'sqlite:///spend.db' or pass a Ledger "
-            "subclass instance",
-        )
+    if spec.startswith(("redis://", "rediss://", "unix://")):
+        from llm_resilience_plugin.redis_state import RedisLedger  # needs the redis extra
+
+        return RedisLedger(spec)
     if spec.endswith((".db", ".sqlite", ".sqlite3")):
         return SQLiteLedger(spec)
     raise ConfigError(
         "ledger",
-        f"unknown ledger {spec!r}; use 'memory', 'sqlite:///path/to/spend.db' or a Ledger instance",
+        f"unknown ledger {spec!r}; use 'memory', 'sqlite:///path/to/spend.db', 'redis://host:6379' "
+        "or a Ledger instance",
     )
 
 

@@ -131,15 +131,17 @@ def test_entries_and_report_aggregate_spend(ledger: Ledger):
     assert ledger.report(since=1, until=2).total == 1.5
 
 
-def test_open_ledger_specs(tmp_path: Path):
+def test_open_ledger_specs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     assert isinstance(open_ledger(None), MemoryLedger)
     assert isinstance(open_ledger("memory"), MemoryLedger)
     led = open_ledger(f"sqlite:///{tmp_path / 'x.db'}")
     assert isinstance(led, SQLiteLedger) and led.path == str(tmp_path / "x.db")
     led.close()
     assert isinstance(open_ledger(tmp_path / "y.db"), SQLiteLedger)
-    with pytest.raises(ConfigError, match="Redis"):
-        open_ledger("redis://localhost")
+    from llm_resilience_plugin import redis_state
+
+    monkeypatch.setattr(redis_state, "RedisLedger", lambda url: ("redis", url))
+    assert open_ledger("redis://cache:6379/2") == ("redis", "redis://cache:6379/2")
     with pytest.raises(ConfigError, match="unknown ledger"):
         open_ledger("spend")
 
