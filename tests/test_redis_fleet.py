@@ -236,7 +236,8 @@ def run_round(pool: ProcessPoolExecutor, fn: Any, *args_per_worker: tuple[Any, .
 
 
 def ledger_of(server: RedisServer, ns: str) -> RedisLedger:
-    return RedisLedger(RedisSharedState(server.url, {"namespace": ns, **SHARED}))
+    """A fresh view of namespace ``ns``'s ledger (closed with the test's other shared states)."""
+    return RedisLedger(RedisSharedState.get(server.url, {"namespace": ns, **SHARED}))
 
 
 # -- tests ----------------------------------------------------------------------------------------

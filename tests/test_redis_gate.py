@@ -297,3 +297,51 @@ def test_redis_ledger_settle_and_release_replays_are_idempotent(redis_server: Re
     assert (u.spent, u.reserved) == (0.25, 0.0)
     assert len(led.entries()) == 1
     shared.close()
+
+
+# -- configuration: the one line ------------------------------------------------------------------
+
+
+def _config(url: str | None, **shared: Any) -> dict[str, Any]:
+    cfg: dict[str, Any] = {
+        "model_list": [
+            {
+                "model_name": "chat",
+                "litellm_params": {"model": "openai/gpt-4o-mini", "api_base": f"http://127.0.0.1:9/{d}/v1"},
+                "model_info": {"id": d},
+            }
+            for d in ("x", "y")
+        ],
+        "router_settings": {"redis_url": url} if url else {},
+    }
+    if shared:
+        cfg["resilience"] = {"shared_state": shared}
+    return cfg
+
+
+def test_redis_url_in_router_settings_switches_to_shared_state(redis_server: RedisServer):
+    from llm_resilience_plugin import ResilientRouter
+    from llm_resilience_plugin.redis_state import RedisBreakerBackend, RedisTokenBucket
+
+    ns = f"cfg-{uuid.uuid4().hex[:6]}"
+    router = ResilientRouter.from_config(_config(redis_server.url, namespace=ns, router_name="bot"))
+    try:
+        assert isinstance(router.shared_state, RedisSharedState)
+        assert router.shared_state.namespace == ns
+        backend = router.breaker("x").backend
+        assert isinstance(backend, RedisBreakerBackend)
+        assert backend.keys[0] == f"{ns}:bot:x:pybreaker:state"
+        assert isinstance(router.retry_budget("chat").shared, RedisTokenBucket)
+        assert router.litellm_router is not None  # LiteLLM still gets its own redis_url
+    finally:
+        router.close()
+    for cfg, kwargs in (
+        (_config(redis_server.url, enabled=False), {}),
+        (_config(redis_server.url), {"shared_state": False}),
+        (_config(None), {}),
+    ):
+        local = ResilientRouter.from_config(cfg, **kwargs)
+        assert local.shared_state is None
+        assert not isinstance(local.breaker("x").backend, RedisBreakerBackend)
+        local.close()
+    RedisSharedState.close_all()
