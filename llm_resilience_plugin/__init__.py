@@ -40,6 +40,16 @@ _EXPORTS: dict[str, str] = {
     "ResilientRouter": "router",
     "get_report": "router",
     "ResilientStream": "streams",
+    "Budget": "cost",
+    "CostGuard": "cost",
+    "BudgetAlert": "cost",
+    "CostGuardCallbackHandler": "callbacks",
+    "StructuredLogCallbackHandler": "callbacks",
+    "JsonFormatter": "logs",
+    "attach_router_logging": "logs",
+    "MetricsCollector": "metrics",
+    "MemoryLedger": "ledger",
+    "SQLiteLedger": "ledger",
 }
 
 __all__ = [
@@ -47,25 +57,35 @@ __all__ = [
     "AttemptRecord",
     "BackoffPolicy",
     "BreakerPolicy",
+    "Budget",
+    "BudgetAlert",
     "BudgetExceededError",
     "CallReport",
     "CircuitOpenError",
     "ClassPolicy",
     "Clock",
     "ConfigError",
+    "CostGuard",
+    "CostGuardCallbackHandler",
     "DeadlineExceededError",
     "ErrorClass",
     "FakeClock",
     "GroupPolicy",
+    "JsonFormatter",
     "LoadShedError",
+    "MemoryLedger",
+    "MetricsCollector",
     "ResilienceError",
     "ResiliencePolicy",
     "ResilientRouter",
     "ResilientStream",
     "RetryBudgetPolicy",
+    "SQLiteLedger",
     "StreamInterruptedError",
     "StreamRestart",
+    "StructuredLogCallbackHandler",
     "UnknownModelGroupError",
+    "attach_router_logging",
     "classify",
     "get_report",
 ]
@@ -85,6 +105,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
+    from llm_resilience_plugin.callbacks import CostGuardCallbackHandler, StructuredLogCallbackHandler
     from llm_resilience_plugin.config import (
         BackoffPolicy,
         BreakerPolicy,
@@ -93,6 +114,7 @@ if TYPE_CHECKING:
         ResiliencePolicy,
         RetryBudgetPolicy,
     )
+    from llm_resilience_plugin.cost import Budget, BudgetAlert, CostGuard
     from llm_resilience_plugin.errors import (
         AllRoutesFailedError,
         BudgetExceededError,
@@ -107,6 +129,9 @@ if TYPE_CHECKING:
         classify,
     )
     from llm_resilience_plugin.events import AttemptRecord, CallReport, StreamRestart
+    from llm_resilience_plugin.ledger import MemoryLedger, SQLiteLedger
+    from llm_resilience_plugin.logs import JsonFormatter, attach_router_logging
+    from llm_resilience_plugin.metrics import MetricsCollector
     from llm_resilience_plugin.retry import Clock, FakeClock
     from llm_resilience_plugin.router import ResilientRouter, get_report
     from llm_resilience_plugin.streams import ResilientStream

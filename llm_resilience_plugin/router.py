@@ -128,6 +128,7 @@ class AttemptInfo:
     kwargs: Mapping[str, Any]
     metadata: Mapping[str, Any]
     stream: bool
+    idempotency_key: str | None = None
 
 
 class AttemptGuard(Protocol):
@@ -596,6 +597,10 @@ class ResilientRouter:
         if self.shared_state is not None:
             self.shared_state.prime(shared_members)
         self._policies = {g: self.policy.for_group(g) for g in self._group_deployments}
+        for guard in self.guards:  # e.g. a CostGuard prices every deployment now (ConfigError)
+            bind = getattr(guard, "bind_router", None)
+            if callable(bind):
+                bind(self)
         self._hedges = {
             g: HedgeState(p.hedge)
             for g, p in self._policies.items()
@@ -1232,7 +1237,13 @@ class ResilientRouter:
             if actx.admission is not None:
                 self._breakers[actx.admission.deployment_id].release(actx.admission)
             if actx.guard_tokens:
-                actx.settle_guards(None, None, None)
+                if actx.sent:  # in flight: the provider may bill it; the guard's policy decides
+                    actx.settle_guards(None, None, None)
+                else:  # nothing was sent: a plain release
+                    nothing = Failure(
+                        ErrorClass.UNKNOWN, None, "cancelled before sending", None, asyncio.CancelledError()
+                    )
+                    actx.settle_guards(None, None, nothing)
             latency = self._clock.monotonic() - t0
             cancelled = Failure(ErrorClass.UNKNOWN, None, "cancelled", None, asyncio.CancelledError())
             self._record(ctx, group, level, actx, cancelled, started_wall, latency, wait_before, "cancelled")
@@ -1292,6 +1303,7 @@ class ResilientRouter:
             kwargs={k: v for k, v in kwargs.items() if k != "metadata"},
             metadata=dict(kwargs.get("metadata") or {}),
             stream=ctx.stream,
+            idempotency_key=ctx.opts.key,
         )
         for guard in self.guards:
             actx.guard_tokens.append((guard, guard.before_attempt(info)))

@@ -261,6 +261,9 @@ class ResilientStream:
         r = self._router
         failure = classify(exc)
         latency = r._clock.monotonic() - self._t0
+        if self._actx.guard_tokens and self.partial_text:
+            # Content was generated (and billed): settle like a stream cut short, not a release.
+            self._actx.settle_guards(None, self.usage, None)
         r._on_failure(
             self._ctx,
             self._group,

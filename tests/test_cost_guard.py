@@ -165,6 +165,26 @@ async def test_stream_settles_from_usage_and_an_early_close_settles_the_estimate
     assert reserved2 == 0 and spent2 == pytest.approx(spent + info["estimate"], abs=1e-9)
 
 
+async def test_stream_cut_after_content_settles_the_estimate(
+    make_router: RouterFactory, sim: ProviderSimulator
+):
+    from llm_resilience_plugin import StreamInterruptedError
+
+    guard = CostGuard([Budget.daily(1.0)])
+    router = make_router({"primary": ["a"]}, guards=[guard])
+    sim.set_default("a", Fault.stream_cut(after_chunks=3))
+    stream = await router.acompletion(model="primary", messages=MSG, stream=True, max_tokens=50)
+    with pytest.raises(StreamInterruptedError):
+        async for _ in stream:
+            pass
+    info = guard.call_info(stream.report.call_id)
+    assert info is not None
+    (entry,) = guard.ledger.entries()  # content was generated: spend is recorded, not released
+    assert entry.estimated and entry.cost == pytest.approx(info["estimate"])
+    spent, reserved = daily_usage(guard)
+    assert reserved == 0 and spent == pytest.approx(info["estimate"], abs=1e-9)
+
+
 async def test_per_request_budget_refuses_before_sending_and_names_everything(
     make_router: RouterFactory, sim: ProviderSimulator
 ):
