@@ -381,7 +381,15 @@ async def test_redis_stopped_mid_run_then_restarted(
     seen = run_round(pool, breaker_state_worker, *[(sim.port, redis_server.url, ns, 1)] * WORKERS)
     assert [r["state"] for r in seen] == ["open"] * WORKERS
 
-    for name, router, expected_calls in ((closed_ns, metered, 5), (local_ns, local, 11)):
+    # The fail-closed budget serves again once its journal is replayed.
+    sim.set_default("a", Fault.ok())
+    for _ in range(100):
+        if metered.guards[0].ledger.journal_size == 0:
+            break
+        await asyncio.sleep(0.05)
+    await metered.acompletion(model="primary", messages=msg)
+
+    for name, router, expected_calls in ((closed_ns, metered, 6), (local_ns, local, 11)):
         led = router.guards[0].ledger
         assert led.journal_size == 0
         (usage,) = ledger_of(redis_server, name).list_usage(budget="daily")
