@@ -895,13 +895,19 @@ class RedisBreakerBackend(BreakerBackend):
                     BreakerView(seed.state, gen, seed.fail_counter, 0, seed.opened_at, 0),
                 )
                 self._local_epoch = epoch
+                if self._primed and seed.state != self._known:  # keep the emitted chain unbroken
+                    self._observed.append(Change(self._known, seed.state, seed.fail_counter))
+                self._known = seed.state
+                self._primed = True
             return self._local
 
     def _local_changes(self, changes: list[Change]) -> list[Change]:
+        """A local operation's changes, after any observed ones still pending (in order)."""
         with self._mu:
+            pending, self._observed = self._observed, []
             if changes:
                 self._known = changes[-1].new_state
-            return changes
+            return pending + changes
 
     def admit(self, now: float) -> tuple[Admission | None, list[Change]]:
         if self.shared.available:

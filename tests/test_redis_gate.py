@@ -345,3 +345,29 @@ def test_redis_url_in_router_settings_switches_to_shared_state(redis_server: Red
         assert not isinstance(local.breaker("x").backend, RedisBreakerBackend)
         local.close()
     RedisSharedState.close_all()
+
+
+def test_outage_local_breaker_then_resync_keeps_one_unbroken_event_chain():
+    from tests.redis_server import running_redis
+
+    with running_redis() as server:
+        a = RedisSharedState(server.url, {**FAST, "namespace": "outage"})
+        b = RedisSharedState(server.url, {**FAST, "namespace": "outage"})
+        pol = BreakerPolicy(fail_max=2, reset_timeout=60)
+        ga, ea = gate(a, pol)
+        gb, _ = gate(b, pol)
+        ga.record_failure(Admission("d1", ga.generation, probe=False))
+        server.stop()
+        assert wait_for(lambda: not a.available, 1.0)
+        assert ga.state == "closed" and ga.generation < 0  # local, seeded from the last view
+        assert ga.snapshot()["fail_counter"] == 1
+        ga.record_failure(Admission("d1", ga.generation, probe=False))
+        assert ga.state == "open" and ga.admit() is None  # tripped locally, no crash, no wait
+        server.start()
+        assert wait_for(lambda: a.available and b.available, 3.0)
+        assert ga.state == "open" and ga.generation >= 0  # pushed to the fleet...
+        assert wait_for(lambda: gb.state == "open", 1.0)  # ...and seen by the other process
+        chain = [(e.old_state, e.new_state) for e in ea]
+        assert chain == [("closed", "open")]
+        a.close()
+        b.close()
