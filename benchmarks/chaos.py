@@ -24,8 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import litellm
-
 import llm_resilience_plugin  # noqa: F401  (offline LiteLLM settings first)
 from llm_resilience_plugin import ResilientRouter
 from llm_resilience_plugin.simulator import Fault, ProviderSimulator
@@ -138,6 +136,8 @@ Call = Callable[[], Awaitable[Any]]
 
 
 def build(system: str, sim: ProviderSimulator, sc: Scenario) -> tuple[Call, Callable[[], None]]:
+    import litellm  # after llm_resilience_plugin: its env keeps LiteLLM offline
+
     first = next(iter(sc.groups))
     ml = model_list(sim, sc.groups)
     if system == "bare":

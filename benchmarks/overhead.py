@@ -17,8 +17,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import litellm
-
 import llm_resilience_plugin  # noqa: F401  (offline LiteLLM settings first)
 from llm_resilience_plugin import ResilientRouter
 from llm_resilience_plugin.simulator import ProviderSimulator
@@ -69,6 +67,8 @@ def pct(values: list[float], p: float) -> float:
 
 
 async def measure(kind: str, sim: ProviderSimulator, n: int, concurrency: int) -> dict[str, float]:
+    import litellm  # after llm_resilience_plugin: its env keeps LiteLLM offline
+
     if kind == "bare":
         router: Any = litellm.Router(model_list=model_list(sim), num_retries=0, disable_cooldowns=True)
 

@@ -19,8 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import llm_resilience_plugin  # noqa: F401  (offline LiteLLM settings first)
-import litellm
-
 from llm_resilience_plugin import ResilientRouter
 
 MSG = [{"role": "user", "content": "hi"}]
@@ -73,6 +71,8 @@ async def memory_curve(calls: int) -> dict[str, Any]:
 
 
 async def per_call(n_deployments: int, calls: int) -> dict[str, float]:
+    import litellm  # after llm_resilience_plugin: its env keeps LiteLLM offline
+
     out: dict[str, float] = {}
     bare = litellm.Router(model_list=deployments(n_deployments), num_retries=0, disable_cooldowns=True)
     plugin = ResilientRouter(model_list=deployments(n_deployments))
