@@ -66,26 +66,24 @@ def pct(values: list[float], p: float) -> float:
     return values[min(len(values) - 1, int(p / 100 * len(values)))]
 
 
-async def measure(kind: str, sim: ProviderSimulator, n: int, concurrency: int) -> dict[str, float]:
+def build(kind: str, sim: ProviderSimulator) -> tuple[Any, Any]:
+    """A router and a call function; both systems use the same deployments."""
     import litellm  # after llm_resilience_plugin: its env keeps LiteLLM offline
 
     if kind == "bare":
         router: Any = litellm.Router(model_list=model_list(sim), num_retries=0, disable_cooldowns=True)
-
-        async def call() -> Any:
-            return await router.acompletion(model="primary", messages=MSG)
-
     else:
         router = ResilientRouter(model_list=model_list(sim))
 
-        async def call() -> Any:
-            return await router.acompletion(model="primary", messages=MSG)
+    async def call() -> Any:
+        return await router.acompletion(model="primary", messages=MSG)
 
-    await run_calls(call, 20, concurrency)  # warm up connections and caches
+    return router, call
+
+
+async def measure(call: Any, n: int, concurrency: int) -> dict[str, float]:
     gc.collect()
     elapsed, lat = await run_calls(call, n, concurrency)
-    if kind != "bare":
-        router.close()
     return {"throughput": n / elapsed, "p50_ms": pct(lat, 50) * 1e3, "p99_ms": pct(lat, 99) * 1e3}
 
 
@@ -93,29 +91,43 @@ async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--calls", type=int, default=300)
     ap.add_argument("--concurrency", type=int, default=100)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--out", default="benchmarks/results/overhead.json")
     args = ap.parse_args()
     results: dict[str, Any] = {}
     with ProviderSimulator() as sim:
+        systems = {kind: build(kind, sim) for kind in ("bare", "resilient")}
+        for _, call in systems.values():  # warm connections, client caches and code paths
+            await run_calls(call, 50, args.concurrency)
         for label, conc in (("sequential", 1), (f"{args.concurrency}-concurrent", args.concurrency)):
             runs: dict[str, list[dict[str, float]]] = {"bare": [], "resilient": []}
-            for _ in range(args.rounds):
-                for kind in ("bare", "resilient"):
-                    runs[kind].append(await measure(kind, sim, args.calls, conc))
+            for i in range(args.rounds):
+                order = ("bare", "resilient") if i % 2 == 0 else ("resilient", "bare")
+                for kind in order:
+                    runs[kind].append(await measure(systems[kind][1], args.calls, conc))
             agg = {kind: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for kind, rs in runs.items()}
             agg["ratio"] = {"throughput": agg["resilient"]["throughput"] / agg["bare"]["throughput"]}
             agg["added_ms"] = {
                 "p50": agg["resilient"]["p50_ms"] - agg["bare"]["p50_ms"],
                 "p99": agg["resilient"]["p99_ms"] - agg["bare"]["p99_ms"],
             }
+            ratios = sorted(
+                r["throughput"] / b["throughput"]
+                for r, b in zip(runs["resilient"], runs["bare"], strict=True)
+            )
+            agg["ratio"]["per_round_min"] = ratios[0]
+            agg["ratio"]["per_round_max"] = ratios[-1]
             results[label] = agg
-    print("| workload | bare calls/s | resilient calls/s | ratio | added p50 ms | added p99 ms |")
+        systems["resilient"][0].close()
+    print(
+        "| workload | bare calls/s | resilient calls/s | ratio (round range) | added p50 ms | added p99 ms |"
+    )
     print("|---|---:|---:|---:|---:|---:|")
     for label, agg in results.items():
         print(
             f"| {label} | {agg['bare']['throughput']:.1f} | {agg['resilient']['throughput']:.1f} | "
-            f"{agg['ratio']['throughput']:.3f} | {agg['added_ms']['p50']:+.2f} | "
+            f"{agg['ratio']['throughput']:.3f} ({agg['ratio']['per_round_min']:.2f}-"
+            f"{agg['ratio']['per_round_max']:.2f}) | {agg['added_ms']['p50']:+.2f} | "
             f"{agg['added_ms']['p99']:+.2f} |"
         )
     out = write_json(args.out, {"calls": args.calls, "rounds": args.rounds, "results": results})
