@@ -63,6 +63,12 @@ class BackoffPolicy(_Model):
         ge=0,
         description="A Retry-After longer than this (or than the time left) fails over at once.",
     )
+    max_wait_with_fallback: float | None = Field(
+        default=0.5,
+        ge=0,
+        description="When a fallback group exists, a Retry-After wait longer than this fails over "
+        "instead of waiting (latency over staying on the preferred group). None: always wait.",
+    )
 
     @model_validator(mode="after")
     def _ordered(self) -> BackoffPolicy:

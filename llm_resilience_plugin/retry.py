@@ -161,6 +161,7 @@ class GroupRetryState:
     rng: random.Random
     # Seconds until a deployment of the group can be tried without a Retry-After hold; 0 if now.
     earliest_free: Callable[[], float]
+    has_fallback: bool = False
     retry_cap: int | None = None  # a priority tier's limit on retries per class
     retries_by_class: dict[ErrorClass, int] = field(default_factory=dict)
     gave_up_reason: str | None = None
@@ -206,6 +207,17 @@ class GroupRetryState:
             and self.earliest_free() > 0
         ):
             self.gave_up_reason = "Retry-After longer than max_retry_after: failing over"
+            return True
+        limit = self.policy.backoff.max_wait_with_fallback
+        if (
+            self.has_fallback
+            and limit is not None
+            and isinstance(exc, AttemptFailed)
+            and exc.failure.retry_after is not None
+            and upcoming > limit
+            and self.earliest_free() > 0
+        ):
+            self.gave_up_reason = "Retry-After wait longer than max_wait_with_fallback: failing over"
             return True
         if upcoming + self.policy.min_attempt_time > self.deadline.remaining():
             self.gave_up_reason = "no time left for another attempt: failing over"

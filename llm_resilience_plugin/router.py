@@ -1057,6 +1057,7 @@ class ResilientRouter:
             rng=self._rng,
             earliest_free=lambda: self._earliest_free(ctx, group),
             retry_cap=ctx.tier.max_retries if ctx.tier is not None else None,
+            has_fallback=self._has_fallback(ctx, group),
         )
         ctx.next_wait = 0.0
         ctx.out_of_time = False
@@ -1158,6 +1159,11 @@ class ResilientRouter:
             leftovers = [t for t in tasks if not t.done()]
             if leftovers:
                 await asyncio.gather(*leftovers, return_exceptions=True)
+
+    def _has_fallback(self, ctx: _CallContext, group: str) -> bool:
+        """Is there a generic fallback group this call could still move to?"""
+        requested = ctx.report.requested_group
+        return any(g != group for g in self.spec.fallback_chain(requested, ErrorClass.RATE_LIMIT))
 
     def _earliest_free(self, ctx: _CallContext, group: str) -> float:
         now = self._clock.wall()

@@ -584,3 +584,26 @@ async def test_stream_report_carries_the_streamed_cost(sim):
         pass
     assert stream.report.response_cost and stream.report.response_cost > 0
     router.close()
+
+
+async def test_long_retry_after_fails_over_when_a_fallback_exists(make_router: RouterFactory, sim):
+    clock = FakeClock()
+    router = make_router(
+        {"primary": ["a"], "backup": ["b"]}, fallbacks=[{"primary": ["backup"]}], clock=clock
+    )
+    sim.script("a", Fault.rate_limit(retry_after=2))
+    resp = await router.acompletion(model="primary", messages=MSG)
+    assert get_report(resp).served_group == "backup"  # type: ignore[union-attr]
+    assert clock.slept == [] and (sim.count("a"), sim.count("b")) == (1, 1)
+    # Configured to always wait: the same 429 is waited out on the preferred group.
+    waiting = make_router(
+        {"primary": ["a"], "backup": ["b"]},
+        fallbacks=[{"primary": ["backup"]}],
+        policy={"backoff": {"max_wait_with_fallback": None}},
+        clock=clock,
+    )
+    sim.clear_log()
+    sim.script("a", Fault.rate_limit(retry_after=2))
+    resp = await waiting.acompletion(model="primary", messages=MSG)
+    assert get_report(resp).served_group == "primary"  # type: ignore[union-attr]
+    assert clock.slept and clock.slept[-1] >= 1.9
