@@ -133,6 +133,21 @@ def model_list(sim: ProviderSimulator, groups: dict[str, list[str]]) -> list[dic
 
 
 Call = Callable[[], Awaitable[Any]]
+# Breaker transitions of the plugin run in progress: (deployment, monotonic time, new state).
+OPENED: list[tuple[str, float, str]] = []
+
+
+def sent_while_open(requests: list[Any]) -> int:
+    """Requests that reached a deployment while the plugin held its breaker open (probes excluded)."""
+    count = 0
+    for r in requests:
+        state = "closed"
+        for dep, t, new in OPENED:
+            if dep == r.deployment and t <= r.started_at:
+                state = new
+        if state == "open":
+            count += 1
+    return count
 
 
 def build(system: str, sim: ProviderSimulator, sc: Scenario) -> tuple[Call, Callable[[], None]]:
@@ -172,6 +187,16 @@ def build(system: str, sim: ProviderSimulator, sc: Scenario) -> tuple[Call, Call
         fallbacks=sc.fallbacks,
         policy={"attempt_timeout": ATTEMPT_TIMEOUT, "deadline": DEADLINE},
     )
+    OPENED.clear()
+
+    def on_event(e: Any) -> None:
+        if type(e).__name__ == "BreakerTransition":
+            if e.new_state == "open":
+                OPENED.append((e.deployment_id, time.monotonic(), "open"))
+            elif e.old_state == "open":
+                OPENED.append((e.deployment_id, time.monotonic(), e.new_state))
+
+    rr.subscribe(on_event)
     return (lambda: rr.acompletion(model=first, messages=MSG)), rr.close
 
 
@@ -224,6 +249,7 @@ async def run_one(system: str, sc: Scenario, sim: ProviderSimulator, calls: int,
         "upstream_per_call": len(reqs) / calls,
         "to_failing": faulted,
         "billed": billed,
+        "sent_while_open": sent_while_open(reqs) if system == "plugin" else None,
         "wall_s": time.monotonic() - t_start,
     }
 
@@ -247,13 +273,16 @@ async def main() -> None:
             for system in systems:
                 results[sc.name][system] = await run_one(system, sc, sim, args.calls, args.concurrency)
     print(f"calls per cell: {args.calls}, concurrency {args.concurrency}\n")
-    print("| scenario | system | success | p50 s | p99 s | upstream/call | to failing | billed |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    print(
+        "| scenario | system | success | p50 s | p99 s | upstream/call | to failing | billed | sent while open |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, by_system in results.items():
         for system, m in by_system.items():
             print(
                 f"| {name} | {system} | {m['success_rate']:.1%} | {m['p50_s']:.3f} | {m['p99_s']:.3f} | "
-                f"{m['upstream_per_call']:.2f} | {m['to_failing']} | {m['billed']} |"
+                f"{m['upstream_per_call']:.2f} | {m['to_failing']} | {m['billed']} | "
+                f"{'-' if m['sent_while_open'] is None else m['sent_while_open']} |"
             )
     print()
     for sc in SCENARIOS:
