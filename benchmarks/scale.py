@@ -70,45 +70,53 @@ async def memory_curve(calls: int) -> dict[str, Any]:
     }
 
 
-async def per_call(n_deployments: int, calls: int) -> dict[str, float]:
+async def per_call(n_deployments: int, calls: int, rounds: int = 3) -> dict[str, float]:
+    """Median µs per call of each system over alternating rounds."""
+    import statistics
+
     import litellm  # after llm_resilience_plugin: its env keeps LiteLLM offline
 
-    out: dict[str, float] = {}
     bare = litellm.Router(model_list=deployments(n_deployments), num_retries=0, disable_cooldowns=True)
     plugin = ResilientRouter(model_list=deployments(n_deployments))
-    for name, call in (
-        ("bare", lambda: bare.acompletion(model="g", messages=MSG, mock_response="ok")),
-        ("plugin", lambda: plugin.acompletion(model="g", messages=MSG, mock_response="ok")),
-    ):
-        for _ in range(100):
+    systems = {
+        "bare": lambda: bare.acompletion(model="g", messages=MSG, mock_response="ok"),
+        "plugin": lambda: plugin.acompletion(model="g", messages=MSG, mock_response="ok"),
+    }
+    for call in systems.values():
+        for _ in range(200):
             await call()
-        t = time.perf_counter()
-        for _ in range(calls):
-            await call()
-        out[f"{name}_us"] = (time.perf_counter() - t) / calls * 1e6
+    samples: dict[str, list[float]] = {k: [] for k in systems}
+    for i in range(rounds):
+        for name in ("bare", "plugin") if i % 2 == 0 else ("plugin", "bare"):
+            gc.collect()
+            t = time.perf_counter()
+            for _ in range(calls):
+                await systems[name]()
+            samples[name].append((time.perf_counter() - t) / calls * 1e6)
     plugin.close()
+    out = {f"{k}_us": statistics.median(v) for k, v in samples.items()}
     out["added_us"] = out["plugin_us"] - out["bare_us"]
     return out
 
 
 def ledger_ops(n: int) -> dict[str, float] | None:
-    try:
-        from llm_resilience_plugin.cost import Budget, CostGuard
-    except ImportError:
-        return None
+    """Full CostGuard reserve + settle cycles per second (daily + monthly + per-request budgets)."""
+    from llm_resilience_plugin.cost import Budget, CostGuard, Price
+
     result: dict[str, float] = {}
+    candidates = [("d0", "openai/gpt-4o-mini", Price(1e-7, 4e-7))]
     with tempfile.TemporaryDirectory() as d:
         for name, ledger in (("memory", "memory"), ("sqlite", f"sqlite:///{os.path.join(d, 'l.db')}")):
-            guard: Any = CostGuard(budgets=[Budget.daily(1e9)], ledger=ledger)
+            guard = CostGuard(
+                budgets=[Budget.daily(1e9), Budget.monthly(1e9), Budget.per_request(1.0)], ledger=ledger
+            )
             t = time.perf_counter()
             for _ in range(n):
-                res = guard.ledger.reserve(guard.keys_for({}), 0.001) if hasattr(guard, "keys_for") else None
-                if res is None:
-                    break
-                guard.ledger.settle(res, 0.0009)
-            else:
-                result[f"{name}_reserve_settle_per_s"] = n / (time.perf_counter() - t)
-    return result or None
+                ticket = guard.reserve(candidates, prompt_tokens=100, max_tokens=200)
+                guard.settle(ticket, prompt_tokens=100, completion_tokens=150, deployment_id="d0")
+            result[name] = n / (time.perf_counter() - t)
+            guard.close()
+    return result
 
 
 async def main() -> None:
@@ -117,7 +125,17 @@ async def main() -> None:
     ap.add_argument("--per-call", type=int, default=1500, help="calls per per-call measurement")
     ap.add_argument("--ledger-ops", type=int, default=2000)
     ap.add_argument("--out", default="benchmarks/results/scale.json")
+    ap.add_argument("--only", choices=["memory", "per-call", "ledger"], help="run one part only")
     args = ap.parse_args()
+    if args.only == "ledger":
+        for k, v in (ledger_ops(args.ledger_ops) or {}).items():
+            print(f"| {k} | {v:.0f} |")
+        return
+    if args.only == "per-call":
+        for n in (2, 100):
+            m = await per_call(n, args.per_call)
+            print(f"| {n} | {m['bare_us']:.0f} | {m['plugin_us']:.0f} | {m['added_us']:+.0f} |")
+        return
     mem = await memory_curve(args.calls)
     pc = {n: await per_call(n, args.per_call) for n in (2, 100)}
     ledger = ledger_ops(args.ledger_ops)
@@ -135,7 +153,7 @@ async def main() -> None:
         print("\n| ledger | reserve+settle per second |")
         print("|---|---:|")
         for k, v in ledger.items():
-            print(f"| {k.split('_')[0]} | {v:.0f} |")
+            print(f"| {k} | {v:.0f} |")
     out = write_json(args.out, {"memory": mem, "per_call": pc, "ledger": ledger})
     print(f"\nJSON: {out}")
 

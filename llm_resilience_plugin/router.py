@@ -1086,13 +1086,25 @@ class ResilientRouter:
                 if maybe is not None:
                     await maybe
 
+        async def one_attempt() -> Any:
+            if hedge is None:
+                return await self._attempt(ctx, group, level, messages, kwargs)
+            return await self._hedged_attempt(ctx, group, level, messages, kwargs, hedge)
+
+        # The first attempt runs before tenacity is built: most calls succeed at once and never
+        # pay for a retry loop. A failure is handed to tenacity as its attempt 1.
+        try:
+            return await one_attempt()
+        except AttemptFailed as failed:
+            first: AttemptFailed | None = failed
         retrying = build_retrying(state, self._clock, before_sleep)
         try:
             async for attempt in retrying:
                 with attempt:
-                    if hedge is None:
-                        return await self._attempt(ctx, group, level, messages, kwargs)
-                    return await self._hedged_attempt(ctx, group, level, messages, kwargs, hedge)
+                    if first is not None:
+                        pending, first = first, None
+                        raise pending
+                    return await one_attempt()
         except AttemptFailed:
             if state.gave_up_reason is not None and state.gave_up_reason.startswith("no time left"):
                 ctx.out_of_time = True
