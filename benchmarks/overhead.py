@@ -1,6 +1,7 @@
-"""Overhead of ResilientRouter over a bare litellm.Router on healthy providers.
+"""Overhead of ResilientRouter over a bare litellm.Router on healthy providers (the simulator runs
+in its own process).
 
-Both routers drive the same simulator deployments in the same process, in alternating rounds,
+Both routers run in this process against the same simulator deployments, in alternating rounds,
 so drift on the machine hits both alike. Prints a Markdown table and writes JSON.
 
     python benchmarks/overhead.py [--calls 300] [--concurrency 100] [--rounds 3]
@@ -19,12 +20,35 @@ from typing import Any
 
 import llm_resilience_plugin  # noqa: F401  (offline LiteLLM settings first)
 from llm_resilience_plugin import ResilientRouter
-from llm_resilience_plugin.simulator import ProviderSimulator
 
 MSG = [{"role": "user", "content": "Say hello in five words."}]
 
 
-def model_list(sim: ProviderSimulator) -> list[dict[str, Any]]:
+class ExternalSimulator:
+    """The simulator in its own process, so its work does not share this process's GIL."""
+
+    def __init__(self) -> None:
+        import subprocess
+        import sys
+
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "llm_resilience_plugin.simulator", "--port", "0"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()  # "ProviderSimulator listening on http://127.0.0.1:PORT"
+        self.base_url = line.strip().rsplit(" ", 1)[-1]
+
+    def api_base(self, deployment: str) -> str:
+        return f"{self.base_url}/{deployment}/v1"
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+
+
+def model_list(sim: Any) -> list[dict[str, Any]]:
     return [
         {
             "model_name": "primary",
@@ -66,7 +90,7 @@ def pct(values: list[float], p: float) -> float:
     return values[min(len(values) - 1, int(p / 100 * len(values)))]
 
 
-def build(kind: str, sim: ProviderSimulator) -> tuple[Any, Any]:
+def build(kind: str, sim: Any) -> tuple[Any, Any]:
     """A router and a call function; both systems use the same deployments."""
     import litellm  # after llm_resilience_plugin: its env keeps LiteLLM offline
 
@@ -95,7 +119,8 @@ async def main() -> None:
     ap.add_argument("--out", default="benchmarks/results/overhead.json")
     args = ap.parse_args()
     results: dict[str, Any] = {}
-    with ProviderSimulator() as sim:
+    sim = ExternalSimulator()
+    try:
         systems = {kind: build(kind, sim) for kind in ("bare", "resilient")}
         for _, call in systems.values():  # warm connections, client caches and code paths
             await run_calls(call, 50, args.concurrency)
@@ -119,6 +144,8 @@ async def main() -> None:
             agg["ratio"]["per_round_max"] = ratios[-1]
             results[label] = agg
         systems["resilient"][0].close()
+    finally:
+        sim.stop()
     print(
         "| workload | bare calls/s | resilient calls/s | ratio (round range) | added p50 ms | added p99 ms |"
     )
