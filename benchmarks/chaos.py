@@ -17,16 +17,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import llm_resilience_plugin  # noqa: F401  (offline LiteLLM settings first)
 from llm_resilience_plugin import ResilientRouter
 from llm_resilience_plugin.simulator import Fault, ProviderSimulator
+
+try:  # run as a script (python benchmarks/x.py) or imported as benchmarks.x
+    from _common import pct, write_json
+except ImportError:  # pragma: no cover
+    from benchmarks._common import pct, write_json
 
 MSG = [{"role": "user", "content": "Give me one sentence about resilience."}]
 ATTEMPT_TIMEOUT = 1.0
@@ -200,13 +203,6 @@ def build(system: str, sim: ProviderSimulator, sc: Scenario) -> tuple[Call, Call
     return (lambda: rr.acompletion(model=first, messages=MSG)), rr.close
 
 
-def pct(values: list[float], p: float) -> float:
-    if not values:
-        return float("nan")
-    values = sorted(values)
-    return values[min(len(values) - 1, int(p / 100 * len(values)))]
-
-
 async def run_one(system: str, sc: Scenario, sim: ProviderSimulator, calls: int, conc: int) -> dict[str, Any]:
     sim.reset()
     sc.setup(sim)
@@ -289,13 +285,6 @@ async def main() -> None:
             print(f"- {sc.name}: {sc.description}")
     out = write_json(args.out, {"calls": args.calls, "concurrency": args.concurrency, "results": results})
     print(f"\nJSON: {out}")
-
-
-def write_json(path: str, data: dict[str, Any]) -> Path:
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(data, indent=2))
-    return out
 
 
 if __name__ == "__main__":

@@ -12,14 +12,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import json
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 import llm_resilience_plugin  # noqa: F401  (offline LiteLLM settings first)
 from llm_resilience_plugin import ResilientRouter
+
+try:  # run as a script (python benchmarks/x.py) or imported as benchmarks.x
+    from _common import pct, write_json
+except ImportError:  # pragma: no cover
+    from benchmarks._common import pct, write_json
 
 MSG = [{"role": "user", "content": "Say hello in five words."}]
 
@@ -76,18 +79,6 @@ async def run_calls(call: Any, n: int, concurrency: int) -> tuple[float, list[fl
     t0 = time.perf_counter()
     await asyncio.gather(*(one() for _ in range(n)))
     return time.perf_counter() - t0, latencies
-
-
-def write_json(path: str, data: dict[str, Any]) -> Path:
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(data, indent=2))
-    return out
-
-
-def pct(values: list[float], p: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(p / 100 * len(values)))]
 
 
 def build(kind: str, sim: Any) -> tuple[Any, Any]:

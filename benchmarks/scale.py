@@ -11,15 +11,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import json
 import os
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import llm_resilience_plugin  # noqa: F401  (offline LiteLLM settings first)
 from llm_resilience_plugin import ResilientRouter
+
+try:  # run as a script (python benchmarks/x.py) or imported as benchmarks.x
+    from _common import write_json
+except ImportError:  # pragma: no cover
+    from benchmarks._common import write_json
 
 MSG = [{"role": "user", "content": "hi"}]
 
@@ -156,13 +159,6 @@ async def main() -> None:
             print(f"| {k} | {v:.0f} |")
     out = write_json(args.out, {"memory": mem, "per_call": pc, "ledger": ledger})
     print(f"\nJSON: {out}")
-
-
-def write_json(path: str, data: dict[str, Any]) -> Path:
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(data, indent=2, default=str))
-    return out
 
 
 if __name__ == "__main__":
