@@ -98,8 +98,15 @@ def build(kind: str, sim: Any) -> tuple[Any, Any]:
 
 async def measure(call: Any, n: int, concurrency: int) -> dict[str, float]:
     gc.collect()
+    cpu0 = time.process_time()  # this process only: the simulator runs in its own
     elapsed, lat = await run_calls(call, n, concurrency)
-    return {"throughput": n / elapsed, "p50_ms": pct(lat, 50) * 1e3, "p99_ms": pct(lat, 99) * 1e3}
+    cpu_ms = (time.process_time() - cpu0) / n * 1e3
+    return {
+        "throughput": n / elapsed,
+        "p50_ms": pct(lat, 50) * 1e3,
+        "p99_ms": pct(lat, 99) * 1e3,
+        "cpu_ms_per_call": cpu_ms,
+    }
 
 
 async def main() -> None:
@@ -131,6 +138,7 @@ async def main() -> None:
                 r["throughput"] / b["throughput"]
                 for r, b in zip(runs["resilient"], runs["bare"], strict=True)
             )
+            agg["ratio"]["cpu"] = agg["bare"]["cpu_ms_per_call"] / agg["resilient"]["cpu_ms_per_call"]
             agg["ratio"]["per_round_min"] = ratios[0]
             agg["ratio"]["per_round_max"] = ratios[-1]
             results[label] = agg
@@ -138,15 +146,17 @@ async def main() -> None:
     finally:
         sim.stop()
     print(
-        "| workload | bare calls/s | resilient calls/s | ratio (round range) | added p50 ms | added p99 ms |"
+        "| workload | bare calls/s | resilient calls/s | ratio (round range) | added p50 ms | added p99 ms "
+        "| client CPU ms/call bare / plugin (ratio) |"
     )
-    print("|---|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for label, agg in results.items():
         print(
             f"| {label} | {agg['bare']['throughput']:.1f} | {agg['resilient']['throughput']:.1f} | "
             f"{agg['ratio']['throughput']:.3f} ({agg['ratio']['per_round_min']:.2f}-"
             f"{agg['ratio']['per_round_max']:.2f}) | {agg['added_ms']['p50']:+.2f} | "
-            f"{agg['added_ms']['p99']:+.2f} |"
+            f"{agg['added_ms']['p99']:+.2f} | {agg['bare']['cpu_ms_per_call']:.2f} / "
+            f"{agg['resilient']['cpu_ms_per_call']:.2f} ({agg['ratio']['cpu']:.3f}) |"
         )
     out = write_json(args.out, {"calls": args.calls, "rounds": args.rounds, "results": results})
     print(f"\nmedian of {args.rounds} alternating rounds, {args.calls} calls each; JSON: {out}")

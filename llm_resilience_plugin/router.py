@@ -267,9 +267,10 @@ _CALL_IDS = itertools.count(1)
 _ATTEMPT_IDS = itertools.count()
 
 
-class _RoutingHook(CustomLogger):
-    """Process-wide LiteLLM hook: runs the plugin's deployment filter on every pick and learns
-    which deployment LiteLLM picked before the request is sent. Requests that do not come from a
+class _FilterHook(CustomLogger):
+    """LiteLLM's deployment filter, registered only while some attempt needs it (a breaker not
+    closed, a Retry-After hold, a retry or hedge that prefers another deployment): when every
+    breaker is closed, LiteLLM skips its filter stage entirely. Requests that do not come from a
     ResilientRouter pass through untouched."""
 
     async def async_filter_deployments(  # type: ignore[override]
@@ -286,6 +287,10 @@ class _RoutingHook(CustomLogger):
             return healthy_deployments
         return ctx.select(healthy_deployments)
 
+
+class _PickHook(CustomLogger):
+    """Learns which deployment LiteLLM picked, just before the request is sent."""
+
     def log_pre_api_call(self, model: Any, messages: Any, kwargs: dict[str, Any]) -> None:
         params = kwargs.get("litellm_params") or {}
         md = params.get("metadata") or {}
@@ -299,33 +304,51 @@ class _RoutingHook(CustomLogger):
         ctx.sent = True
 
 
-_HOOK = _RoutingHook()
+_FILTER = _FilterHook()
+_PICK = _PickHook()
 _HOOK_LOCK = threading.Lock()
-
-
 _LIVE_ROUTERS = 0
+_FILTER_USERS = 0
+
+
+def _remove(lst: list[Any], hook: object) -> None:
+    while any(cb is hook for cb in lst):
+        lst.remove(hook)
 
 
 def _install_hook() -> None:
-    """Register the hook while at least one ResilientRouter is open (refcounted)."""
+    """Register the pick hook while at least one ResilientRouter is open (refcounted)."""
     global _LIVE_ROUTERS
     with _HOOK_LOCK:
         _LIVE_ROUTERS += 1
-        if not any(cb is _HOOK for cb in litellm.callbacks):
-            litellm.callbacks.append(_HOOK)
-        if not any(cb is _HOOK for cb in litellm.input_callback):
-            litellm.input_callback.append(_HOOK)
+        if not any(cb is _PICK for cb in litellm.input_callback):
+            litellm.input_callback.append(_PICK)
 
 
 def _uninstall_hook() -> None:
-    """Drop the hook when the last ResilientRouter closes, so plain Routers pay nothing."""
+    """Drop the hooks when the last ResilientRouter closes, so plain Routers pay nothing."""
     global _LIVE_ROUTERS
     with _HOOK_LOCK:
         _LIVE_ROUTERS = max(0, _LIVE_ROUTERS - 1)
         if _LIVE_ROUTERS == 0:
-            for lst in (litellm.callbacks, litellm.input_callback):
-                while any(cb is _HOOK for cb in lst):
-                    lst.remove(_HOOK)
+            _remove(litellm.input_callback, _PICK)
+            _remove(litellm.callbacks, _PICK)
+
+
+def _acquire_filter() -> None:
+    global _FILTER_USERS
+    with _HOOK_LOCK:
+        _FILTER_USERS += 1
+        if not any(cb is _FILTER for cb in litellm.callbacks):
+            litellm.callbacks.append(_FILTER)
+
+
+def _release_filter() -> None:
+    global _FILTER_USERS
+    with _HOOK_LOCK:
+        _FILTER_USERS = max(0, _FILTER_USERS - 1)
+        if _FILTER_USERS == 0:
+            _remove(litellm.callbacks, _FILTER)
 
 
 def _release(sync: _SyncRunner) -> None:
@@ -1242,6 +1265,9 @@ class ResilientRouter:
             holder.append(actx)
         token = f"{id(self)}:{ctx.call_id}:{next(_ATTEMPT_IDS)}"
         _ATTEMPTS[token] = actx
+        filtered = bool(ctx.failed or exclude or ctx.require_prefill) or not self._all_clear()
+        if filtered:
+            _acquire_filter()
         t0 = self._clock.monotonic()
         try:
             if self.guards:
@@ -1275,6 +1301,8 @@ class ResilientRouter:
             raise AttemptFailed(failure, actx.picked) from None
         finally:
             _ATTEMPTS.pop(token, None)
+            if filtered:
+                _release_filter()
         latency = self._clock.monotonic() - t0
         if ctx.stream:
             stream = ResilientStream(self, ctx, group, level, actx, resp, started_wall, latency, wait_before)

@@ -537,12 +537,14 @@ async def test_hook_is_removed_when_the_last_router_closes(make_router: RouterFa
     before = module._LIVE_ROUTERS
     router = make_router({"primary": ["a"]})
     assert module._LIVE_ROUTERS == before + 1
-    assert any(cb is module._HOOK for cb in litellm.callbacks)
+    assert any(cb is module._PICK for cb in litellm.input_callback)
     router.close()
     router.close()  # idempotent
     assert module._LIVE_ROUTERS == before
     if before == 0:
-        assert not any(cb is module._HOOK for cb in litellm.callbacks)
+        assert not any(cb is module._PICK for cb in litellm.input_callback)
+    # The deployment filter is registered only while an attempt needs it.
+    assert not any(cb is module._FILTER for cb in litellm.callbacks) or module._FILTER_USERS > 0
     plain = litellm.Router(
         model_list=[
             {
