@@ -174,6 +174,18 @@ class CallReport:
         }
 
 
+def usage_of(obj: Any) -> dict[str, int] | None:
+    """Token usage of a LiteLLM response or chunk as plain ints, or None when it has none."""
+    usage = getattr(obj, "usage", None)
+    if usage is None:
+        return None
+    return {
+        "prompt_tokens": int(getattr(usage, "prompt_tokens", 0) or 0),
+        "completion_tokens": int(getattr(usage, "completion_tokens", 0) or 0),
+        "total_tokens": int(getattr(usage, "total_tokens", 0) or 0),
+    }
+
+
 Event = (
     AttemptRecord
     | RetryScheduled

@@ -34,7 +34,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from llm_resilience_plugin.breakers import BreakerTransition
-from llm_resilience_plugin.events import AttemptRecord, CallReport, FallbackTaken, RetryScheduled
+from llm_resilience_plugin.events import AttemptRecord, CallReport, FallbackTaken, RetryScheduled, usage_of
 
 if TYPE_CHECKING:
     from llm_resilience_plugin.cost import CostGuard, PriceBook
@@ -324,11 +324,8 @@ class RouterObserver:
         if response is not None:
             model = getattr(response, "model", None)
             a.served_model = str(model) if model else None
-            if usage is None and getattr(response, "usage", None) is not None:
-                usage = {
-                    "prompt_tokens": int(getattr(response.usage, "prompt_tokens", 0) or 0),
-                    "completion_tokens": int(getattr(response.usage, "completion_tokens", 0) or 0),
-                }
+            if usage is None:
+                usage = usage_of(response)
         if usage:
             a.prompt_tokens = int(usage.get("prompt_tokens") or 0)
             a.completion_tokens = int(usage.get("completion_tokens") or 0)

@@ -63,6 +63,7 @@ from llm_resilience_plugin.events import (
     HedgeSent,
     Listener,
     RetryScheduled,
+    usage_of,
 )
 from llm_resilience_plugin.hedging import HedgeState
 from llm_resilience_plugin.idempotency import (
@@ -304,56 +305,41 @@ class _PickHook(CustomLogger):
         ctx.sent = True
 
 
-_FILTER = _FilterHook()
-_PICK = _PickHook()
-_HOOK_LOCK = threading.Lock()
-_LIVE_ROUTERS = 0
-_FILTER_USERS = 0
+class _Registration:
+    """A LiteLLM callback list entry held while its refcount is positive (thread-safe)."""
+
+    _lock = threading.Lock()
+
+    def __init__(self, hook: CustomLogger, callbacks: Callable[[], list[Any]]) -> None:
+        self.hook = hook
+        self._callbacks = callbacks
+        self.users = 0
+
+    def acquire(self) -> None:
+        with self._lock:
+            self.users += 1
+            lst = self._callbacks()
+            if not any(cb is self.hook for cb in lst):
+                lst.append(self.hook)
+
+    def release(self) -> None:
+        with self._lock:
+            self.users = max(0, self.users - 1)
+            if self.users == 0:
+                lst = self._callbacks()
+                while any(cb is self.hook for cb in lst):
+                    lst.remove(self.hook)
 
 
-def _remove(lst: list[Any], hook: object) -> None:
-    while any(cb is hook for cb in lst):
-        lst.remove(hook)
-
-
-def _install_hook() -> None:
-    """Register the pick hook while at least one ResilientRouter is open (refcounted)."""
-    global _LIVE_ROUTERS
-    with _HOOK_LOCK:
-        _LIVE_ROUTERS += 1
-        if not any(cb is _PICK for cb in litellm.input_callback):
-            litellm.input_callback.append(_PICK)
-
-
-def _uninstall_hook() -> None:
-    """Drop the hooks when the last ResilientRouter closes, so plain Routers pay nothing."""
-    global _LIVE_ROUTERS
-    with _HOOK_LOCK:
-        _LIVE_ROUTERS = max(0, _LIVE_ROUTERS - 1)
-        if _LIVE_ROUTERS == 0:
-            _remove(litellm.input_callback, _PICK)
-            _remove(litellm.callbacks, _PICK)
-
-
-def _acquire_filter() -> None:
-    global _FILTER_USERS
-    with _HOOK_LOCK:
-        _FILTER_USERS += 1
-        if not any(cb is _FILTER for cb in litellm.callbacks):
-            litellm.callbacks.append(_FILTER)
-
-
-def _release_filter() -> None:
-    global _FILTER_USERS
-    with _HOOK_LOCK:
-        _FILTER_USERS = max(0, _FILTER_USERS - 1)
-        if _FILTER_USERS == 0:
-            _remove(litellm.callbacks, _FILTER)
+# The pick hook is held by every open ResilientRouter, so plain Routers pay nothing once the last
+# one closes; the filter is held only by attempts that need it.
+_PICK = _Registration(_PickHook(), lambda: litellm.input_callback)
+_FILTER = _Registration(_FilterHook(), lambda: litellm.callbacks)
 
 
 def _release(sync: _SyncRunner) -> None:
     sync.close()
-    _uninstall_hook()
+    _PICK.release()
 
 
 # -- per-call context -----------------------------------------------------------------------------
@@ -633,7 +619,7 @@ class ResilientRouter:
         self._idem_ttl = 600.0
         self._single_flight = SingleFlight()
         self._sync = _SyncRunner()
-        _install_hook()
+        _PICK.acquire()
         release: Callable[..., None] = _release
         release_args: tuple[Any, ...] = (self._sync,)
         if self.shared_state is not None:  # closing also stops syncing this router's keys
@@ -1157,12 +1143,7 @@ class ResilientRouter:
             if done:
                 return first.result()
             picked = holder[0].picked if holder else None
-            now = self._clock.wall()
-            others = [
-                d
-                for d in self._group_deployments[group]
-                if d != picked and d not in ctx.never_again and self._breakers[d].could_admit(now)
-            ]
+            others = [d for d in self._admissible(ctx, group, self._clock.wall()) if d != picked]
             budget = self._budgets[group]
             if not others or not budget.allows_retry() or not hedge.try_take():
                 return await first
@@ -1200,13 +1181,17 @@ class ResilientRouter:
         requested = ctx.report.requested_group
         return any(g != group for g in self.spec.fallback_chain(requested, ErrorClass.RATE_LIMIT))
 
-    def _earliest_free(self, ctx: _CallContext, group: str) -> float:
-        now = self._clock.wall()
-        waits = [
-            self._breakers[d].held_for(now)
+    def _admissible(self, ctx: _CallContext, group: str, now: float) -> list[str]:
+        """Deployments of ``group`` this call may still try whose breakers would admit it."""
+        return [
+            d
             for d in self._group_deployments[group]
             if d not in ctx.never_again and self._breakers[d].could_admit(now)
         ]
+
+    def _earliest_free(self, ctx: _CallContext, group: str) -> float:
+        now = self._clock.wall()
+        waits = [self._breakers[d].held_for(now) for d in self._admissible(ctx, group, now)]
         return min(waits) if waits else 0.0
 
     def _attempt_kwargs(
@@ -1267,7 +1252,7 @@ class ResilientRouter:
         _ATTEMPTS[token] = actx
         filtered = bool(ctx.failed or exclude or ctx.require_prefill) or not self._all_clear()
         if filtered:
-            _acquire_filter()
+            _FILTER.acquire()
         t0 = self._clock.monotonic()
         try:
             if self.guards:
@@ -1302,7 +1287,7 @@ class ResilientRouter:
         finally:
             _ATTEMPTS.pop(token, None)
             if filtered:
-                _release_filter()
+                _FILTER.release()
         latency = self._clock.monotonic() - t0
         if ctx.stream:
             stream = ResilientStream(self, ctx, group, level, actx, resp, started_wall, latency, wait_before)
@@ -1320,7 +1305,7 @@ class ResilientRouter:
             latency,
             wait_before,
             response=resp,
-            usage=_usage_of(resp),
+            usage=usage_of(resp),
         )
         return resp
 
@@ -1333,12 +1318,8 @@ class ResilientRouter:
         messages: list[dict[str, Any]],
         kwargs: Mapping[str, Any],
     ) -> None:
-        now = self._clock.wall()
-        deployments = tuple(
-            self._deployments[d]
-            for d in self._group_deployments[group]
-            if d not in ctx.never_again and self._breakers[d].could_admit(now)
-        ) or tuple(self._deployments[d] for d in self._group_deployments[group])
+        ids = self._admissible(ctx, group, self._clock.wall()) or self._group_deployments[group]
+        deployments = tuple(self._deployments[d] for d in ids)
         info = AttemptInfo(
             call_id=ctx.call_id,
             attempt=ctx.attempt_no,
@@ -1456,23 +1437,12 @@ class ResilientRouter:
         return result
 
 
-def _usage_of(resp: Any) -> dict[str, int] | None:
-    usage = getattr(resp, "usage", None)
-    if usage is None:
-        return None
-    return {
-        "prompt_tokens": int(getattr(usage, "prompt_tokens", 0) or 0),
-        "completion_tokens": int(getattr(usage, "completion_tokens", 0) or 0),
-        "total_tokens": int(getattr(usage, "total_tokens", 0) or 0),
-    }
-
-
 def _fill_from_response(report: CallReport, resp: Any) -> None:
     report.served_model = getattr(resp, "model", None)
     hidden = getattr(resp, "_hidden_params", None) or {}
     cost = hidden.get("response_cost")
     report.response_cost = float(cost) if isinstance(cost, int | float) else None
-    report.usage = _usage_of(resp)
+    report.usage = usage_of(resp)
 
 
 def _attach_report(obj: Any, report: CallReport) -> None:

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
 
 from llm_resilience_plugin.errors import StreamInterruptedError, classify
-from llm_resilience_plugin.events import CallReport, StreamRestart
+from llm_resilience_plugin.events import CallReport, StreamRestart, usage_of
 
 if TYPE_CHECKING:
     from llm_resilience_plugin.router import ResilientRouter, _AttemptContext, _CallContext, _SyncRunner
@@ -218,13 +218,9 @@ class ResilientStream:
                 self._saw_tools = True
             if getattr(choice, "finish_reason", None):
                 self._finish_reason = choice.finish_reason
-        usage = getattr(chunk, "usage", None)
-        if usage is not None and getattr(usage, "total_tokens", None):
-            self.usage = {
-                "prompt_tokens": int(usage.prompt_tokens or 0),
-                "completion_tokens": int(usage.completion_tokens or 0),
-                "total_tokens": int(usage.total_tokens or 0),
-            }
+        usage = usage_of(chunk)
+        if usage is not None and usage["total_tokens"]:
+            self.usage = usage
         if self.report.served_model is None and getattr(chunk, "model", None):
             self.report.served_model = chunk.model
         cost = (getattr(chunk, "_hidden_params", None) or {}).get("response_cost")

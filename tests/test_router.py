@@ -534,17 +534,17 @@ async def test_before_retry_hook_is_awaited_before_each_sleep(make_router: Route
 async def test_hook_is_removed_when_the_last_router_closes(make_router: RouterFactory, sim):
     from llm_resilience_plugin import router as module
 
-    before = module._LIVE_ROUTERS
+    before = module._PICK.users
     router = make_router({"primary": ["a"]})
-    assert module._LIVE_ROUTERS == before + 1
-    assert any(cb is module._PICK for cb in litellm.input_callback)
+    assert module._PICK.users == before + 1
+    assert any(cb is module._PICK.hook for cb in litellm.input_callback)
     router.close()
     router.close()  # idempotent
-    assert module._LIVE_ROUTERS == before
+    assert module._PICK.users == before
     if before == 0:
-        assert not any(cb is module._PICK for cb in litellm.input_callback)
+        assert not any(cb is module._PICK.hook for cb in litellm.input_callback)
     # The deployment filter is registered only while an attempt needs it.
-    assert not any(cb is module._FILTER for cb in litellm.callbacks) or module._FILTER_USERS > 0
+    assert not any(cb is module._FILTER.hook for cb in litellm.callbacks) or module._FILTER.users > 0
     plain = litellm.Router(
         model_list=[
             {
