@@ -132,12 +132,26 @@ class CallReport:
     ttft_s: float | None = None
     usage: dict[str, int] | None = None
     response_cost: float | None = None
-    idempotency_key: str | None = None
     priority: str | None = None
     degraded: list[str] = field(default_factory=list)
     hedged: bool = False
     replayed: bool = False
     stream_restarts: int = 0
+    # The key, or how to compute it: the content fingerprint is hashed on first read when nothing
+    # needed it during the call, so calls without a store, guard or listener never pay for it.
+    _idempotency_key: str | None = field(default=None, repr=False)
+    _key_source: Callable[[], str] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def idempotency_key(self) -> str | None:
+        """Your ``idempotency_key=``, or the content fingerprint (``fp-…``) of the request."""
+        if self._idempotency_key is None and self._key_source is not None:
+            self._idempotency_key, self._key_source = self._key_source(), None
+        return self._idempotency_key
+
+    @idempotency_key.setter
+    def idempotency_key(self, value: str | None) -> None:
+        self._idempotency_key, self._key_source = value, None
 
     @property
     def upstream_requests(self) -> int:

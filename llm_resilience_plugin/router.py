@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import copy
+import functools
 import itertools
 import random
 import threading
@@ -18,7 +19,7 @@ import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import httpx
 import litellm
@@ -87,6 +88,7 @@ from llm_resilience_plugin.streams import (
     prefetch_stream,
 )
 from llm_resilience_plugin.streams import discard as _discard
+from llm_resilience_plugin.watchdog import AttemptWatchdog
 
 _META_KEY = "_llm_resilience_attempt"
 REPORT_KEY = "llm_resilience_report"
@@ -362,7 +364,7 @@ _OPTION_KEYS = frozenset(
 class _CallOptions:
     """Per-call overrides, taken out of the LiteLLM kwargs before anything is sent."""
 
-    key: str
+    key: str | None = None
     idempotent: bool = True
     attempt_timeout: float | None = None
     first_chunk_timeout: float | None = None
@@ -371,12 +373,22 @@ class _CallOptions:
     scenario: str | None = None
 
 
+_NO_OPTIONS = _CallOptions()
+
+
 def _positive(name: str, value: Any) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
         raise ConfigError(name, "must be a positive number of seconds")
     return float(value)
+
+
+class _Served(NamedTuple):
+    response: Any
+    usage: dict[str, int] | None
+    hidden: dict[str, Any] | None  # the response's _hidden_params (LiteLLM's own dict)
+    deployment_id: str | None
 
 
 @dataclass(slots=True)
@@ -392,10 +404,11 @@ class _CallContext:
     attempt_no: int = 0
     next_wait: float = 0.0
     failures: list[Failure] = field(default_factory=list)
-    opts: _CallOptions = field(default_factory=lambda: _CallOptions(key=""))
+    opts: _CallOptions = field(default_factory=lambda: _NO_OPTIONS)
     tier: TierPolicy | None = None
     require_prefill: bool = False
     out_of_time: bool = False  # a retry or fallback was given up because it would not fit
+    served: _Served | None = None  # the last answer, as its attempt read it
 
 
 class _SyncRunner:
@@ -615,6 +628,7 @@ class ResilientRouter:
             for g, p in self._policies.items()
             if p.hedge is not None and p.hedge.enabled
         }
+        self._timeouts: dict[tuple[float, float], httpx.Timeout] = {}
         self._idem_store = None
         self._idem_ttl = 600.0
         self._single_flight = SingleFlight()
@@ -702,6 +716,8 @@ class ResilientRouter:
         ctx, kwargs = self._new_call(model, messages, stream, deadline, listener, before_retry, kwargs)
         if stream:
             return await self._stream(ctx, model, messages, kwargs)
+        if self._idem_store is None:  # one coroutine layer fewer on the common path
+            return await self._walk_routes(ctx, model, messages, kwargs)
         return await self._complete(ctx, model, messages, kwargs)
 
     def completion(
@@ -744,15 +760,11 @@ class ResilientRouter:
         if not isinstance(messages, list) or not messages:
             raise ConfigError("messages", "expected a non-empty list of chat messages")
         deadline = _positive("deadline", deadline)
-        clean = {k: v for k, v in kwargs.items() if k not in _OPTION_KEYS}
-        timeout = clean.pop("timeout", None)
-        attempt_timeout = _positive("attempt_timeout", kwargs.get("attempt_timeout"))
-        if attempt_timeout is None and isinstance(timeout, int | float) and not isinstance(timeout, bool):
-            attempt_timeout = _positive("timeout", timeout)
-        key = kwargs.get("idempotency_key")
-        if key is not None and (not isinstance(key, str) or not key):
-            raise ConfigError("idempotency_key", "must be a non-empty string")
-        priority = kwargs.get("priority", self.policy.default_tier)
+        if kwargs.keys() & _OPTION_KEYS or "timeout" in kwargs:
+            opts, clean = self._options(kwargs)
+        else:  # the common case: LiteLLM's own arguments only
+            opts, clean = _NO_OPTIONS, dict(kwargs)
+        priority = opts.priority if opts.priority is not None else self.policy.default_tier
         tier = None
         if priority is not None:
             tier = self.policy.tiers.get(priority)
@@ -760,31 +772,19 @@ class ResilientRouter:
                 raise ConfigError(
                     "priority", f"unknown tier {priority!r}; configured tiers: {sorted(self.policy.tiers)}"
                 )
-        scenario = kwargs.get("scenario")
-        if scenario is not None and not isinstance(scenario, str):
-            raise ConfigError("scenario", "must be a string naming a configured static answer")
-        opts = _CallOptions(
-            key=key or fingerprint(model, messages, clean),
-            idempotent=bool(kwargs.get("idempotent", True)),
-            attempt_timeout=attempt_timeout,
-            first_chunk_timeout=_positive("first_chunk_timeout", kwargs.get("first_chunk_timeout")),
-            stream_idle_timeout=_positive("stream_idle_timeout", kwargs.get("stream_idle_timeout")),
-            priority=priority,
-            scenario=scenario,
-        )
-        if tier is not None and tier.shed_below > 0:
-            self._shed_check(model, priority or "", tier, clean)
+            if tier.shed_below > 0:
+                self._shed_check(model, priority, tier, clean)
         call_id = f"{_CALL_PREFIX}{next(_CALL_IDS):x}"
-        pol = self._policies[model]
-        report = CallReport(
-            call_id=call_id,
-            requested_group=model,
-            stream=stream,
-            started_at=self._clock.wall(),
-            idempotency_key=opts.key,
-            priority=priority,
+        report = CallReport(call_id, model, stream, self._clock.wall(), priority=priority)
+        if opts.key is not None:
+            report.idempotency_key = opts.key
+        elif self._idem_store is not None:
+            report.idempotency_key = fingerprint(model, messages, clean)
+        else:  # hashed only if read (the list is copied: appending to it later changes nothing)
+            report._key_source = functools.partial(fingerprint, model, list(messages), clean)
+        budget_s = (
+            deadline or (tier.deadline if tier and tier.deadline else None) or self._policies[model].deadline
         )
-        budget_s = deadline or (tier.deadline if tier and tier.deadline else None) or pol.deadline
         ctx = _CallContext(
             call_id=call_id,
             report=report,
@@ -796,6 +796,34 @@ class ResilientRouter:
             tier=tier,
         )
         return ctx, clean
+
+    @staticmethod
+    def _options(kwargs: Mapping[str, Any]) -> tuple[_CallOptions, dict[str, Any]]:
+        """Validate the plugin's per-call options and take them out of LiteLLM's kwargs."""
+        clean = {k: v for k, v in kwargs.items() if k not in _OPTION_KEYS}
+        timeout = clean.pop("timeout", None)
+        attempt_timeout = _positive("attempt_timeout", kwargs.get("attempt_timeout"))
+        if attempt_timeout is None and isinstance(timeout, int | float) and not isinstance(timeout, bool):
+            attempt_timeout = _positive("timeout", timeout)
+        key = kwargs.get("idempotency_key")
+        if key is not None and (not isinstance(key, str) or not key):
+            raise ConfigError("idempotency_key", "must be a non-empty string")
+        priority = kwargs.get("priority")
+        if priority is not None and not isinstance(priority, str):
+            raise ConfigError("priority", "must be a string naming a configured tier")
+        scenario = kwargs.get("scenario")
+        if scenario is not None and not isinstance(scenario, str):
+            raise ConfigError("scenario", "must be a string naming a configured static answer")
+        opts = _CallOptions(
+            key=key,
+            idempotent=bool(kwargs.get("idempotent", True)),
+            attempt_timeout=attempt_timeout,
+            first_chunk_timeout=_positive("first_chunk_timeout", kwargs.get("first_chunk_timeout")),
+            stream_idle_timeout=_positive("stream_idle_timeout", kwargs.get("stream_idle_timeout")),
+            priority=priority,
+            scenario=scenario,
+        )
+        return opts, clean
 
     def _shed_check(self, group: str, name: str, tier: TierPolicy, kwargs: Mapping[str, Any]) -> None:
         """Refuse a low tier while the group's retry budget (or a guard's budget) runs low."""
@@ -815,8 +843,9 @@ class ResilientRouter:
         """A non-stream call, with the idempotency store and single-flight when configured."""
         store = self._idem_store
         if store is None:
-            return await self._run(ctx, group, messages, kwargs)
-        key = ctx.opts.key
+            return await self._walk_routes(ctx, group, messages, kwargs)
+        key = ctx.report.idempotency_key
+        assert key is not None  # set in _new_call whenever a store is configured
         stored = store.get(key)
         if stored is not None:
             return self._replay(ctx, stored)
@@ -828,7 +857,7 @@ class ResilientRouter:
         fut = self._single_flight.lead(key)
         entry: dict[str, Any] | None = None
         try:
-            resp = await self._run(ctx, group, messages, kwargs)
+            resp = await self._walk_routes(ctx, group, messages, kwargs)
             r = ctx.report
             entry = {
                 "response": resp.model_dump(),
@@ -868,11 +897,6 @@ class ResilientRouter:
 
                 logging.getLogger("llm_resilience").exception("call listener failed")
 
-    async def _run(
-        self, ctx: _CallContext, group: str, messages: list[dict[str, Any]], kwargs: dict[str, Any]
-    ) -> Any:
-        return await self._walk_routes(ctx, group, messages, kwargs)
-
     async def _walk_routes(
         self, ctx: _CallContext, requested: str, messages: list[dict[str, Any]], kwargs: dict[str, Any]
     ) -> Any:
@@ -881,7 +905,22 @@ class ResilientRouter:
         call_messages, call_kwargs, trimmed = messages, kwargs, False
         while True:
             try:
-                result = await self._run_group(ctx, group, level, call_messages, call_kwargs)
+                # The first attempt runs before tenacity is built: most calls succeed at once and
+                # never pay for a retry loop. A failure is handed to tenacity as its attempt 1.
+                ctx.next_wait = 0.0
+                ctx.out_of_time = False
+                hedge = self._hedge_for(ctx, group)
+                try:
+                    if hedge is None:
+                        result = await self._attempt(ctx, group, level, call_messages, call_kwargs)
+                    else:
+                        result = await self._hedged_attempt(
+                            ctx, group, level, call_messages, call_kwargs, hedge
+                        )
+                except AttemptFailed as first:
+                    result = await self._retry_group(
+                        ctx, group, level, call_messages, call_kwargs, hedge, first
+                    )
             except AttemptFailed as af:
                 failure = af.failure
                 nxt = self._next_route(ctx, requested, failure, tried, level)
@@ -1007,6 +1046,15 @@ class ResilientRouter:
             r.outcome = "success"
             r.served_group = group
             r.fallback_level = level
+            served = ctx.served
+            if served is not None and served.response is result and served.hidden is not None:
+                # The common case: the attempt already read the answer's LiteLLM fields.
+                r.deployment_id = served.deployment_id
+                _fill_report(r, result, served.hidden, served.usage)
+                served.hidden[REPORT_KEY] = r
+                if not ctx.stream:
+                    self._emit(ctx, r)
+                return
             last = next((a for a in reversed(r.attempts) if a.outcome == "success"), None)
             r.deployment_id = last.deployment_id if last else None
             if result is not None and not isinstance(result, ResilientStream):
@@ -1050,17 +1098,26 @@ class ResilientRouter:
             err.__cause__ = root.exception
         return err
 
-    async def _run_group(
+    def _hedge_for(self, ctx: _CallContext, group: str) -> HedgeState | None:
+        """The group's hedging state, unless this call may not be hedged."""
+        hedge = self._hedges.get(group)
+        if hedge is not None and (not ctx.opts.idempotent or (ctx.tier is not None and not ctx.tier.hedge)):
+            return None
+        return hedge
+
+    async def _retry_group(
         self,
         ctx: _CallContext,
         group: str,
         level: int,
         messages: list[dict[str, Any]],
         kwargs: dict[str, Any],
+        hedge: HedgeState | None,
+        first_failure: AttemptFailed,
     ) -> Any:
-        pol = self._policies[group]
+        """Attempts 2..n in ``group``: tenacity decides whether, when and how often."""
         state = GroupRetryState(
-            policy=pol,
+            policy=self._policies[group],
             budget=self._budgets[group],
             deadline=ctx.deadline,
             rng=self._rng,
@@ -1068,11 +1125,6 @@ class ResilientRouter:
             retry_cap=ctx.tier.max_retries if ctx.tier is not None else None,
             has_fallback=self._has_fallback(ctx, group),
         )
-        ctx.next_wait = 0.0
-        ctx.out_of_time = False
-        hedge = self._hedges.get(group)
-        if hedge is not None and (not ctx.opts.idempotent or (ctx.tier is not None and not ctx.tier.hedge)):
-            hedge = None
 
         async def before_sleep(rs: tenacity.RetryCallState) -> None:
             exc = rs.outcome.exception() if rs.outcome else None
@@ -1095,17 +1147,7 @@ class ResilientRouter:
                 if maybe is not None:
                     await maybe
 
-        async def one_attempt() -> Any:
-            if hedge is None:
-                return await self._attempt(ctx, group, level, messages, kwargs)
-            return await self._hedged_attempt(ctx, group, level, messages, kwargs, hedge)
-
-        # The first attempt runs before tenacity is built: most calls succeed at once and never
-        # pay for a retry loop. A failure is handed to tenacity as its attempt 1.
-        try:
-            return await one_attempt()
-        except AttemptFailed as failed:
-            first: AttemptFailed | None = failed
+        first: AttemptFailed | None = first_failure
         retrying = build_retrying(state, self._clock, before_sleep)
         try:
             async for attempt in retrying:
@@ -1113,7 +1155,9 @@ class ResilientRouter:
                     if first is not None:
                         pending, first = first, None
                         raise pending
-                    return await one_attempt()
+                    if hedge is None:
+                        return await self._attempt(ctx, group, level, messages, kwargs)
+                    return await self._hedged_attempt(ctx, group, level, messages, kwargs, hedge)
         except AttemptFailed:
             if state.gave_up_reason is not None and state.gave_up_reason.startswith("no time left"):
                 ctx.out_of_time = True
@@ -1201,12 +1245,23 @@ class ResilientRouter:
         timeout: float,
         connect: float | None,
         kwargs: Mapping[str, Any],
+        *,
+        reusable: bool = False,
     ) -> dict[str, Any]:
+        """LiteLLM's kwargs for one attempt: the attempt token in metadata, the timeouts, usage."""
         out = {k: v for k, v in kwargs.items() if k != "metadata"}
         md = dict(kwargs.get("metadata") or {})
         md[_META_KEY] = actx_token
         out["metadata"] = md
-        out["timeout"] = httpx.Timeout(timeout, connect=min(connect, timeout)) if connect else timeout
+        if connect:
+            t = self._timeouts.get((timeout, connect))
+            if t is None:
+                t = httpx.Timeout(timeout, connect=min(connect, timeout))
+                if reusable and len(self._timeouts) < 64:  # configured values, not a deadline's rest
+                    self._timeouts[(timeout, connect)] = t
+            out["timeout"] = t
+        else:
+            out["timeout"] = timeout
         if ctx.stream:
             out["stream"] = True
             opts = dict(out.get("stream_options") or {})
@@ -1257,8 +1312,10 @@ class ResilientRouter:
         try:
             if self.guards:
                 self._guard_before(ctx, actx, group, level, messages, kwargs)
-            attempt_kwargs = self._attempt_kwargs(ctx, token, timeout, pol.connect_timeout, kwargs)
-            async with asyncio.timeout(timeout + 0.25):
+            attempt_kwargs = self._attempt_kwargs(
+                ctx, token, timeout, pol.connect_timeout, kwargs, reusable=timeout == limit
+            )
+            with AttemptWatchdog(timeout + 0.25):  # a hard bound if LiteLLM's timeout does not end it
                 resp = await self._router.acompletion(model=group, messages=messages, **attempt_kwargs)
                 if ctx.stream:
                     resp = await prefetch_stream(resp)
@@ -1293,19 +1350,16 @@ class ResilientRouter:
             stream = ResilientStream(self, ctx, group, level, actx, resp, started_wall, latency, wait_before)
             stream.bind_restart(messages, dict(kwargs))
             return stream
-        dep = (getattr(resp, "_hidden_params", None) or {}).get("model_id") or actx.picked
+        hidden = getattr(resp, "_hidden_params", None)
+        if not isinstance(hidden, dict):
+            hidden = None
+        dep = (hidden.get("model_id") if hidden is not None else None) or actx.picked
         if dep is not None and actx.picked != dep:
             actx._pick(str(dep))
+        usage = usage_of(resp)
+        ctx.served = _Served(resp, usage, hidden, actx.picked)
         self._on_success(
-            ctx,
-            group,
-            level,
-            actx,
-            started_wall,
-            latency,
-            wait_before,
-            response=resp,
-            usage=usage_of(resp),
+            ctx, group, level, actx, started_wall, latency, wait_before, response=resp, usage=usage
         )
         return resp
 
@@ -1330,7 +1384,7 @@ class ResilientRouter:
             kwargs={k: v for k, v in kwargs.items() if k != "metadata"},
             metadata=dict(kwargs.get("metadata") or {}),
             stream=ctx.stream,
-            idempotency_key=ctx.opts.key,
+            idempotency_key=ctx.report.idempotency_key,
         )
         for guard in self.guards:
             actx.guard_tokens.append((guard, guard.before_attempt(info)))
@@ -1420,29 +1474,41 @@ class ResilientRouter:
             started_at=started_wall,
             latency_s=latency,
             wait_before_s=wait_before,
-            breaker_state=self._breakers[dep].state if dep in self._deployments else None,
+            breaker_state=self._breaker_state(dep),
             ttft_s=ttft,
             probe=bool(actx and actx.admission and actx.admission.probe),
         )
         ctx.report.attempts.append(rec)
         self._emit(ctx, rec)
 
+    def _breaker_state(self, dep: str | None) -> str | None:
+        if dep is None or dep not in self._deployments:
+            return None
+        if dep not in self._not_closed and not self._shared_breakers:
+            return "closed"  # transitions keep _not_closed current for in-process breakers
+        return self._breakers[dep].state
+
     # -- streaming -------------------------------------------------------------------------------
 
     async def _stream(
         self, ctx: _CallContext, group: str, messages: list[dict[str, Any]], kwargs: dict[str, Any]
     ) -> ResilientStream | StaticStream:
-        result = await self._run(ctx, group, messages, kwargs)
+        result = await self._walk_routes(ctx, group, messages, kwargs)
         assert isinstance(result, ResilientStream | StaticStream)
         return result
 
 
 def _fill_from_response(report: CallReport, resp: Any) -> None:
+    hidden = getattr(resp, "_hidden_params", None)
+    _fill_report(report, resp, hidden if isinstance(hidden, dict) else {}, usage_of(resp))
+
+
+def _fill_report(report: CallReport, resp: Any, hidden: Mapping[str, Any], usage: Any) -> None:
+    """The served model, cost and usage of the answer."""
     report.served_model = getattr(resp, "model", None)
-    hidden = getattr(resp, "_hidden_params", None) or {}
     cost = hidden.get("response_cost")
     report.response_cost = float(cost) if isinstance(cost, int | float) else None
-    report.usage = usage_of(resp)
+    report.usage = usage
 
 
 def _attach_report(obj: Any, report: CallReport) -> None:

@@ -1,0 +1,96 @@
+"""The hard bound on every attempt: if LiteLLM's own timeout does not end an attempt (a provider
+that trickles bytes, an SDK that ignores ``timeout``), the watchdog cancels it shortly after.
+
+One sweep timer per event loop checks every attempt in flight, instead of one ``asyncio.timeout``
+timer per attempt: a per-attempt timer costs a heap push, a context copy and a cancelled handle
+left in the loop's heap, which is measurable on healthy calls (benchmarks/overhead.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import weakref
+from dataclasses import dataclass
+
+# How often the sweep runs while attempts are in flight; an overrun attempt ends at most this late.
+SWEEP_INTERVAL = 0.05
+
+
+@dataclass(slots=True)
+class Watch:
+    """One guarded attempt: its task and loop-time expiry; ``fired`` once the watchdog cancelled it."""
+
+    task: asyncio.Task[object]
+    expires_at: float
+    fired: bool = False
+
+
+class _LoopWatchdog:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._watches: dict[int, Watch] = {}
+        self._ids = itertools.count()
+        self._timer: asyncio.TimerHandle | None = None
+
+    def add(self, seconds: float) -> tuple[int, Watch]:
+        task = asyncio.current_task(self._loop)
+        if task is None:
+            raise RuntimeError("the attempt watchdog needs a running task")
+        watch = Watch(task, self._loop.time() + seconds)
+        key = next(self._ids)
+        self._watches[key] = watch
+        if self._timer is None:
+            self._timer = self._loop.call_later(SWEEP_INTERVAL, self._sweep)
+        return key, watch
+
+    def remove(self, key: int) -> None:
+        self._watches.pop(key, None)
+
+    def _sweep(self) -> None:
+        self._timer = None
+        now = self._loop.time()
+        for key, watch in list(self._watches.items()):
+            if watch.expires_at <= now:
+                del self._watches[key]
+                if not watch.task.done():
+                    watch.fired = True
+                    watch.task.cancel()
+        if self._watches:
+            self._timer = self._loop.call_later(SWEEP_INTERVAL, self._sweep)
+
+
+_WATCHDOGS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopWatchdog] = weakref.WeakKeyDictionary()
+
+
+class AttemptWatchdog:
+    """``with AttemptWatchdog(seconds):`` around one attempt's awaits (the current task's).
+
+    On expiry the task is cancelled and the ``CancelledError`` that results becomes a
+    ``TimeoutError``, as with ``asyncio.timeout``; a cancellation from elsewhere stays one.
+    """
+
+    __slots__ = ("_cancelling", "_dog", "_key", "_seconds", "_watch")
+
+    def __init__(self, seconds: float) -> None:
+        self._seconds = seconds
+
+    def __enter__(self) -> AttemptWatchdog:
+        loop = asyncio.get_running_loop()
+        dog = _WATCHDOGS.get(loop)
+        if dog is None:
+            dog = _WATCHDOGS[loop] = _LoopWatchdog(loop)
+        self._dog = dog
+        self._key, self._watch = dog.add(self._seconds)
+        self._cancelling = self._watch.task.cancelling()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        self._dog.remove(self._key)
+        watch = self._watch
+        if watch.fired and exc_type is asyncio.CancelledError and watch.task.uncancel() <= self._cancelling:
+            raise TimeoutError(f"attempt exceeded {self._seconds:.2f}s") from exc
+
+    @property
+    def fired(self) -> bool:
+        return self._watch.fired
