@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from llm_resilience_plugin.errors import StreamInterruptedError, classify
 from llm_resilience_plugin.events import CallReport, StreamRestart, usage_of
+from llm_resilience_plugin.watchdog import AttemptWatchdog
 
 if TYPE_CHECKING:
     from llm_resilience_plugin.router import ResilientRouter, _AttemptContext, _CallContext, _SyncRunner
@@ -118,7 +119,7 @@ class ResilientStream:
                 while True:
                     remaining = self._ctx.deadline.remaining()
                     try:
-                        async with asyncio.timeout(max(0.001, min(idle, remaining))):
+                        with AttemptWatchdog(max(0.001, min(idle, remaining)), "stream idle"):
                             chunk = await it.__anext__()
                     except StopAsyncIteration:
                         break

@@ -64,16 +64,18 @@ _WATCHDOGS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopWatchdog] 
 
 
 class AttemptWatchdog:
-    """``with AttemptWatchdog(seconds):`` around one attempt's awaits (the current task's).
+    """``with AttemptWatchdog(seconds):`` around one attempt's awaits (the current task's), or
+    around one wait for the next stream chunk (re-armed per chunk for a few dict operations).
 
     On expiry the task is cancelled and the ``CancelledError`` that results becomes a
     ``TimeoutError``, as with ``asyncio.timeout``; a cancellation from elsewhere stays one.
     """
 
-    __slots__ = ("_cancelling", "_dog", "_key", "_seconds", "_watch")
+    __slots__ = ("_cancelling", "_dog", "_key", "_seconds", "_watch", "_what")
 
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, seconds: float, what: str = "attempt") -> None:
         self._seconds = seconds
+        self._what = what
 
     def __enter__(self) -> AttemptWatchdog:
         loop = asyncio.get_running_loop()
@@ -89,7 +91,7 @@ class AttemptWatchdog:
         self._dog.remove(self._key)
         watch = self._watch
         if watch.fired and exc_type is asyncio.CancelledError and watch.task.uncancel() <= self._cancelling:
-            raise TimeoutError(f"attempt exceeded {self._seconds:.2f}s") from exc
+            raise TimeoutError(f"{self._what} exceeded {self._seconds:.2f}s") from exc
 
     @property
     def fired(self) -> bool:

@@ -12,6 +12,7 @@ import pytest
 from llm_resilience_plugin import Clock, ConfigError, ErrorClass, get_report
 from llm_resilience_plugin.errors import LoadShedError
 from llm_resilience_plugin.events import HedgeSent, StreamRestart
+from llm_resilience_plugin.idempotency import fingerprint
 from llm_resilience_plugin.simulator import Fault
 from tests.conftest import MSG, RouterFactory
 
@@ -225,6 +226,21 @@ async def test_idempotency_key_is_reported_without_a_store(make_router: RouterFa
     assert get_report(resp).idempotency_key == "abc"  # type: ignore[union-attr]
     await router.acompletion(model="primary", messages=MSG, idempotency_key="abc")
     assert sim.count("a") == 2  # no store: every call goes upstream
+
+
+async def test_fingerprint_without_a_store_is_of_the_request_as_sent(make_router: RouterFactory, sim):
+    """The content key is hashed only when read, yet it is the key of what was sent: appending the
+    answer to the conversation afterwards does not change it."""
+    router = make_router({"primary": ["a"]})
+    history = [dict(m) for m in MSG]
+    resp = await router.acompletion(model="primary", messages=history)
+    history.append({"role": "assistant", "content": "hello"})
+    key = get_report(resp).idempotency_key  # type: ignore[union-attr]
+    assert key == fingerprint("primary", MSG, {})
+    again = await router.acompletion(model="primary", messages=[dict(m) for m in MSG])
+    assert get_report(again).idempotency_key == key  # type: ignore[union-attr]
+    other = await router.acompletion(model="primary", messages=history)
+    assert get_report(other).idempotency_key != key  # type: ignore[union-attr]
 
 
 # -- degradation ----------------------------------------------------------------------------------
