@@ -247,6 +247,18 @@ class _AttemptContext:
             self._pick(_dep_id(pool[0]))
         return pool
 
+    def learn(self, dep: str | None, epoch: int) -> None:
+        """A non-precise attempt's deployment, read back after it ended. Every breaker was closed
+        when it started (router epoch ``epoch``), so its ticket is the closed one, unless that
+        breaker has changed since: then, like any stale ticket, its outcome counts for nothing."""
+        if self.picked is not None or dep is None:  # the pick hook saw it (another attempt's)
+            return
+        self.picked = dep
+        router = self.router
+        b = router._breakers.get(dep)
+        if b is not None and router._changed_at.get(dep, -1) <= epoch:
+            self.admission = Admission(dep, b.generation, probe=False)
+
     def _pick(self, dep: str) -> None:
         if self.picked is not None and self.admission is not None:
             return
@@ -257,6 +269,13 @@ class _AttemptContext:
             gen = b.generation if b is not None else None
         if gen is not None:
             self.admission = Admission(dep, gen, probe=False)
+
+
+def _picked_in(metadata: Mapping[str, Any] | None) -> str | None:
+    """The deployment LiteLLM's Router chose, as it records it in the request's metadata."""
+    info = (metadata or {}).get("model_info")
+    dep = info.get("id") if isinstance(info, Mapping) else None
+    return str(dep) if dep is not None else None
 
 
 def _dep_id(d: Mapping[str, Any]) -> str:
@@ -333,15 +352,15 @@ class _Registration:
                     lst.remove(self.hook)
 
 
-# The pick hook is held by every open ResilientRouter, so plain Routers pay nothing once the last
-# one closes; the filter is held only by attempts that need it.
+# Both hooks are held only by attempts that need them (a breaker not closed, a hold, a retry or
+# hedge, a guard): with them registered LiteLLM does measurably more work per request, for every
+# Router in the process.
 _PICK = _Registration(_PickHook(), lambda: litellm.input_callback)
 _FILTER = _Registration(_FilterHook(), lambda: litellm.callbacks)
 
 
 def _release(sync: _SyncRunner) -> None:
     sync.close()
-    _PICK.release()
 
 
 # -- per-call context -----------------------------------------------------------------------------
@@ -590,6 +609,9 @@ class ResilientRouter:
             router_key = spec.policy.shared_state.router_name or redis_state.router_key(
                 spec.model_list, [(i.model_group, i.id) for i in self._deployments.values()]
             )
+        self._epochs = itertools.count(1)
+        self._epoch = 0  # the last breaker transition's number; _changed_at: per deployment
+        self._changed_at: dict[str, int] = {}
         self._breakers = BreakerRegistry()
         for info in self._deployments.values():
             eff = self.policy.for_group(info.model_group)
@@ -633,7 +655,6 @@ class ResilientRouter:
         self._idem_ttl = 600.0
         self._single_flight = SingleFlight()
         self._sync = _SyncRunner()
-        _PICK.acquire()
         release: Callable[..., None] = _release
         release_args: tuple[Any, ...] = (self._sync,)
         if self.shared_state is not None:  # closing also stops syncing this router's keys
@@ -641,6 +662,9 @@ class ResilientRouter:
         self._finalizer = weakref.finalize(self, release, *release_args)
 
     def _on_transition(self, event: BreakerTransition) -> None:
+        epoch = next(self._epochs)  # stamped before _not_closed changes: see _attempt
+        self._changed_at[event.deployment_id] = epoch
+        self._epoch = epoch
         if event.new_state == "closed":
             self._not_closed.discard(event.deployment_id)
         else:
@@ -1305,9 +1329,17 @@ class ResilientRouter:
             holder.append(actx)
         token = f"{id(self)}:{ctx.call_id}:{next(_ATTEMPT_IDS)}"
         _ATTEMPTS[token] = actx
+        epoch = self._epoch  # before _all_clear(): a transition in between makes the attempt precise
         filtered = bool(ctx.failed or exclude or ctx.require_prefill) or not self._all_clear()
+        # A precise attempt learns its deployment from the pick hook as the request goes out (a
+        # hedge must know it while the request is in flight); the rest (every breaker closed, no
+        # guard) read it back from the metadata LiteLLM fills in.
+        precise = filtered or bool(self.guards) or holder is not None
         if filtered:
             _FILTER.acquire()
+        if precise:
+            _PICK.acquire()
+        md: Mapping[str, Any] | None = None
         t0 = self._clock.monotonic()
         try:
             if self.guards:
@@ -1315,11 +1347,14 @@ class ResilientRouter:
             attempt_kwargs = self._attempt_kwargs(
                 ctx, token, timeout, pol.connect_timeout, kwargs, reusable=timeout == limit
             )
+            md = attempt_kwargs["metadata"]
             with AttemptWatchdog(timeout + 0.25):  # a hard bound if LiteLLM's timeout does not end it
                 resp = await self._router.acompletion(model=group, messages=messages, **attempt_kwargs)
                 if ctx.stream:
                     resp = await prefetch_stream(resp)
         except asyncio.CancelledError:
+            if not precise:
+                actx.learn(_picked_in(md), epoch)
             if actx.admission is not None:
                 self._breakers[actx.admission.deployment_id].release(actx.admission)
             if actx.guard_tokens:
@@ -1338,6 +1373,8 @@ class ResilientRouter:
             if isinstance(exc, KeyboardInterrupt | SystemExit | GeneratorExit):
                 raise
             latency = self._clock.monotonic() - t0
+            if not precise:
+                actx.learn(_picked_in(md), epoch)
             failure = classify(exc)
             self._on_failure(ctx, group, level, actx, failure, started_wall, latency, wait_before)
             raise AttemptFailed(failure, actx.picked) from None
@@ -1345,16 +1382,22 @@ class ResilientRouter:
             _ATTEMPTS.pop(token, None)
             if filtered:
                 _FILTER.release()
+            if precise:
+                _PICK.release()
         latency = self._clock.monotonic() - t0
         if ctx.stream:
+            if not precise:
+                actx.learn(_picked_in(md), epoch)
             stream = ResilientStream(self, ctx, group, level, actx, resp, started_wall, latency, wait_before)
             stream.bind_restart(messages, dict(kwargs))
             return stream
         hidden = getattr(resp, "_hidden_params", None)
         if not isinstance(hidden, dict):
             hidden = None
-        dep = (hidden.get("model_id") if hidden is not None else None) or actx.picked
-        if dep is not None and actx.picked != dep:
+        dep = hidden.get("model_id") if hidden is not None else None
+        if not precise:
+            actx.learn(str(dep) if dep is not None else _picked_in(md), epoch)
+        elif dep is not None and actx.picked != dep:
             actx._pick(str(dep))
         usage = usage_of(resp)
         ctx.served = _Served(resp, usage, hidden, actx.picked)

@@ -13,7 +13,7 @@ from llm_resilience_plugin.watchdog import SWEEP_INTERVAL, AttemptWatchdog
 
 async def test_overrun_becomes_timeout_error_shortly_after_the_bound() -> None:
     t0 = time.monotonic()
-    with pytest.raises(TimeoutError, match="exceeded 0.10s"):
+    with pytest.raises(TimeoutError, match=r"exceeded 0\.10s"):
         with AttemptWatchdog(0.1):
             await asyncio.sleep(5)
     elapsed = time.monotonic() - t0
