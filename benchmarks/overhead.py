@@ -13,7 +13,7 @@ fine grain and each ratio compares neighbours in time, never one long round with
 - ``--instructions`` (needs valgrind): the client process is run under cachegrind for each system
   with two call counts; the difference is the instructions one call costs, independent of noise.
 
-    python benchmarks/overhead.py [--pairs 1500] [--batches 80] [--concurrency 50] [--instructions]
+    python benchmarks/overhead.py [--pairs 1500] [--batches 150] [--concurrency 50] [--instructions]
 """
 
 from __future__ import annotations
@@ -134,13 +134,19 @@ async def sequential(systems: dict[str, Call], pairs: int) -> dict[str, Any]:
     def ratio(ps: list[tuple[float, float]]) -> float:  # plugin throughput / bare throughput
         return sum(b for b, _ in ps) / sum(r for _, r in ps)
 
+    def median_ratio(ps: list[tuple[float, float]]) -> float:  # the typical call, outliers aside
+        return statistics.median(b for b, _ in ps) / statistics.median(r for _, r in ps)
+
     lo, hi = bootstrap(pair_list, ratio)
+    mlo, mhi = bootstrap(pair_list, median_ratio, n=500)
     return {
         "pairs": pairs,
         "bare_calls_per_s": len(wall["bare"]) / sum(wall["bare"]),
         "plugin_calls_per_s": len(wall["resilient"]) / sum(wall["resilient"]),
         "ratio": ratio(pair_list),
         "ci95": [lo, hi],
+        "median_call_ratio": median_ratio(pair_list),
+        "median_call_ci95": [mlo, mhi],
         "added_p50_ms": (pct(wall["resilient"], 50) - pct(wall["bare"], 50)) * 1e3,
         "added_p99_ms": (pct(wall["resilient"], 99) - pct(wall["bare"], 99)) * 1e3,
         "cpu_ms_per_call": [statistics.fmean(cpu["bare"]) * 1e3, statistics.fmean(cpu["resilient"]) * 1e3],
@@ -152,7 +158,8 @@ async def sequential(systems: dict[str, Call], pairs: int) -> dict[str, Any]:
 
 
 async def concurrent(systems: dict[str, Call], batches: int, batch: int, concurrency: int) -> dict[str, Any]:
-    """Batches alternate; each pair is a bare batch and a plugin batch measured back to back."""
+    """Batches alternate (ABBA: bare, plugin, plugin, bare, ...); each pair is a bare batch and a
+    plugin batch measured back to back."""
     ratios: list[float] = []
     cpu_ratios: list[float] = []
     thr: dict[str, list[float]] = {"bare": [], "resilient": []}
@@ -178,6 +185,7 @@ async def concurrent(systems: dict[str, Call], batches: int, batch: int, concurr
         "ratio": statistics.median(ratios),
         "ci95": [lo, hi],
         "cpu_ratio": statistics.median(cpu_ratios),
+        "cpu_ratio_ci95": list(bootstrap(cpu_ratios, statistics.median)),
         "added_p50_ms": (pct(lat["resilient"], 50) - pct(lat["bare"], 50)) * 1e3,
         "added_p99_ms": (pct(lat["resilient"], 99) - pct(lat["bare"], 99)) * 1e3,
     }
@@ -259,7 +267,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             await run_calls(call, 100, args.concurrency)
         results: dict[str, Any] = {"sequential": await sequential(systems, args.pairs)}
         results[f"{args.concurrency}-concurrent"] = await concurrent(
-            systems, args.batches, args.batch or 2 * args.concurrency, args.concurrency
+            systems, args.batches, args.batch or args.concurrency, args.concurrency
         )
         built["resilient"][0].close()
         return results
@@ -273,8 +281,8 @@ def main() -> None:
         return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pairs", type=int, default=1500, help="sequential call pairs")
-    ap.add_argument("--batches", type=int, default=80, help="concurrent batch pairs")
-    ap.add_argument("--batch", type=int, default=0, help="calls per batch (default: 2 x concurrency)")
+    ap.add_argument("--batches", type=int, default=150, help="concurrent batch pairs")
+    ap.add_argument("--batch", type=int, default=0, help="calls per batch (default: = concurrency)")
     ap.add_argument("--concurrency", type=int, default=50)
     ap.add_argument("--instructions", action="store_true", help="also count instructions (valgrind)")
     ap.add_argument("--out", default="benchmarks/results/overhead.json")
@@ -302,8 +310,15 @@ def main() -> None:
             f"{r['added_p50_ms']:+.2f} / {r['added_p99_ms']:+.2f} ms | {verdict(r['ratio'], r['ci95'])} |"
         )
     seq = results["sequential"]
+    conc = results[f"{args.concurrency}-concurrent"]
     print(
-        f"\nclient CPU per sequential call: bare {seq['cpu_ms_per_call'][0]:.2f} ms, plugin "
+        f"\nsequential, median call: {seq['median_call_ratio']:.3f} "
+        f"({seq['median_call_ci95'][0]:.3f}-{seq['median_call_ci95'][1]:.3f}); "
+        f"{args.concurrency}-concurrent, client CPU per batch: {conc['cpu_ratio']:.3f} "
+        f"({conc['cpu_ratio_ci95'][0]:.3f}-{conc['cpu_ratio_ci95'][1]:.3f})"
+    )
+    print(
+        f"client CPU per sequential call: bare {seq['cpu_ms_per_call'][0]:.2f} ms, plugin "
         f"{seq['cpu_ms_per_call'][1]:.2f} ms "
         f"(median pair difference {seq['added_cpu_ms_median_pair']:+.3f} ms)"
     )
