@@ -12,6 +12,7 @@ import concurrent.futures
 import copy
 import functools
 import itertools
+import math
 import random
 import threading
 import uuid
@@ -269,6 +270,12 @@ class _AttemptContext:
             gen = b.generation if b is not None else None
         if gen is not None:
             self.admission = Admission(dep, gen, probe=False)
+
+
+def _coarse(seconds: float, cap: float) -> float:
+    """``seconds`` rounded up to a whole second (a tenth below one second), at most ``cap``."""
+    step = 1.0 if seconds >= 1.0 else 0.1
+    return min(cap, math.ceil(seconds / step) * step)
 
 
 def _picked_in(metadata: Mapping[str, Any] | None) -> str | None:
@@ -1324,6 +1331,11 @@ class ResilientRouter:
         else:
             limit = ctx.opts.attempt_timeout or pol.attempt_timeout
         timeout = min(limit, remaining)
+        # LiteLLM builds and caches an HTTP client per timeout value: the rest of a deadline is a
+        # new value every call, so it gets a coarse one (few values, cache hits) and the watchdog
+        # holds the exact bound. A configured attempt timeout goes through as it is.
+        sent_timeout = timeout if timeout == limit else _coarse(timeout, limit)
+        bound = timeout if sent_timeout > timeout else timeout + 0.25
         actx = _AttemptContext(router=self, call=ctx, group=group, exclude=exclude)
         if holder is not None:
             holder.append(actx)
@@ -1345,10 +1357,10 @@ class ResilientRouter:
             if self.guards:
                 self._guard_before(ctx, actx, group, level, messages, kwargs)
             attempt_kwargs = self._attempt_kwargs(
-                ctx, token, timeout, pol.connect_timeout, kwargs, reusable=timeout == limit
+                ctx, token, sent_timeout, pol.connect_timeout, kwargs, reusable=True
             )
             md = attempt_kwargs["metadata"]
-            with AttemptWatchdog(timeout + 0.25):  # a hard bound if LiteLLM's timeout does not end it
+            with AttemptWatchdog(bound):  # the hard bound, if LiteLLM's timeout does not end it first
                 resp = await self._router.acompletion(model=group, messages=messages, **attempt_kwargs)
                 if ctx.stream:
                     resp = await prefetch_stream(resp)

@@ -637,3 +637,23 @@ async def test_long_retry_after_fails_over_when_a_fallback_exists(make_router: R
     resp = await waiting.acompletion(model="primary", messages=MSG)
     assert get_report(resp).served_group == "primary"  # type: ignore[union-attr]
     assert clock.slept and clock.slept[-1] >= 1.9
+
+
+async def test_the_rest_of_a_deadline_reaches_litellm_as_a_coarse_timeout(make_router: RouterFactory, sim):
+    """LiteLLM caches an HTTP client per timeout value; the rest of a deadline differs on every
+    call, so it is rounded up (the watchdog holds the exact bound) and the clients are reused."""
+    router = make_router({"primary": ["a"]}, policy={"deadline": 10, "attempt_timeout": 30})
+    inner = router.litellm_router
+    seen: list[object] = []
+    original = inner.acompletion
+
+    async def spy(*args, **kwargs):
+        seen.append(kwargs.get("timeout"))
+        return await original(*args, **kwargs)
+
+    inner.acompletion = spy  # type: ignore[method-assign]
+    for _ in range(5):
+        await router.acompletion(model="primary", messages=MSG)
+    reads = {getattr(t, "read", t) for t in seen}
+    assert reads == {10.0}  # 9.99... s left each time, sent as 10 s
+    assert len({id(t) for t in seen}) == 1  # one timeout object, one cached LiteLLM client
