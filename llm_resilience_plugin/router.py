@@ -1276,8 +1276,6 @@ class ResilientRouter:
         timeout: float,
         connect: float | None,
         kwargs: Mapping[str, Any],
-        *,
-        reusable: bool = False,
     ) -> dict[str, Any]:
         """LiteLLM's kwargs for one attempt: the attempt token in metadata, the timeouts, usage."""
         out = {k: v for k, v in kwargs.items() if k != "metadata"}
@@ -1288,7 +1286,7 @@ class ResilientRouter:
             t = self._timeouts.get((timeout, connect))
             if t is None:
                 t = httpx.Timeout(timeout, connect=min(connect, timeout))
-                if reusable and len(self._timeouts) < 64:  # configured values, not a deadline's rest
+                if len(self._timeouts) < 64:  # few values: configured ones, or a deadline's rest rounded
                     self._timeouts[(timeout, connect)] = t
             out["timeout"] = t
         else:
@@ -1356,9 +1354,7 @@ class ResilientRouter:
         try:
             if self.guards:
                 self._guard_before(ctx, actx, group, level, messages, kwargs)
-            attempt_kwargs = self._attempt_kwargs(
-                ctx, token, sent_timeout, pol.connect_timeout, kwargs, reusable=True
-            )
+            attempt_kwargs = self._attempt_kwargs(ctx, token, sent_timeout, pol.connect_timeout, kwargs)
             md = attempt_kwargs["metadata"]
             with AttemptWatchdog(bound):  # the hard bound, if LiteLLM's timeout does not end it first
                 resp = await self._router.acompletion(model=group, messages=messages, **attempt_kwargs)
