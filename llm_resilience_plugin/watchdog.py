@@ -27,29 +27,35 @@ class Watch:
 
 
 class _LoopWatchdog:
+    """The attempts in flight on one event loop; holds the loop weakly so a finished loop can go."""
+
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+        self._loop = weakref.ref(loop)
         self._watches: dict[int, Watch] = {}
         self._ids = itertools.count()
-        self._timer: asyncio.TimerHandle | None = None
+        self._armed = False  # a sweep is scheduled (a flag: a handle would hold the loop strongly)
 
-    def add(self, seconds: float) -> tuple[int, Watch]:
-        task = asyncio.current_task(self._loop)
+    def add(self, loop: asyncio.AbstractEventLoop, seconds: float) -> tuple[int, Watch]:
+        task = asyncio.current_task(loop)
         if task is None:
             raise RuntimeError("the attempt watchdog needs a running task")
-        watch = Watch(task, self._loop.time() + seconds)
+        watch = Watch(task, loop.time() + seconds)
         key = next(self._ids)
         self._watches[key] = watch
-        if self._timer is None:
-            self._timer = self._loop.call_later(SWEEP_INTERVAL, self._sweep)
+        if not self._armed:
+            loop.call_later(SWEEP_INTERVAL, self._sweep)
+            self._armed = True
         return key, watch
 
     def remove(self, key: int) -> None:
         self._watches.pop(key, None)
 
     def _sweep(self) -> None:
-        self._timer = None
-        now = self._loop.time()
+        self._armed = False
+        loop = self._loop()
+        if loop is None:  # pragma: no cover - the loop runs this callback, so it is alive
+            return
+        now = loop.time()
         for key, watch in list(self._watches.items()):
             if watch.expires_at <= now:
                 del self._watches[key]
@@ -57,10 +63,25 @@ class _LoopWatchdog:
                     watch.fired = True
                     watch.task.cancel()
         if self._watches:
-            self._timer = self._loop.call_later(SWEEP_INTERVAL, self._sweep)
+            loop.call_later(SWEEP_INTERVAL, self._sweep)
+            self._armed = True
 
 
 _WATCHDOGS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopWatchdog] = weakref.WeakKeyDictionary()
+# The last loop used and its watchdog, checked first: a WeakKeyDictionary lookup is Python code.
+_last: tuple[weakref.ref[asyncio.AbstractEventLoop], _LoopWatchdog] | None = None
+
+
+def _watchdog(loop: asyncio.AbstractEventLoop) -> _LoopWatchdog:
+    global _last
+    last = _last
+    if last is not None and last[0]() is loop:
+        return last[1]
+    dog = _WATCHDOGS.get(loop)
+    if dog is None:
+        dog = _WATCHDOGS[loop] = _LoopWatchdog(loop)
+    _last = (weakref.ref(loop), dog)
+    return dog
 
 
 class AttemptWatchdog:
@@ -79,11 +100,8 @@ class AttemptWatchdog:
 
     def __enter__(self) -> AttemptWatchdog:
         loop = asyncio.get_running_loop()
-        dog = _WATCHDOGS.get(loop)
-        if dog is None:
-            dog = _WATCHDOGS[loop] = _LoopWatchdog(loop)
-        self._dog = dog
-        self._key, self._watch = dog.add(self._seconds)
+        dog = self._dog = _watchdog(loop)
+        self._key, self._watch = dog.add(loop, self._seconds)
         self._cancelling = self._watch.task.cancelling()
         return self
 

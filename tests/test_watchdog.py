@@ -28,7 +28,7 @@ async def test_finished_attempt_is_untouched_and_forgotten() -> None:
     loop_dog = watchdog._WATCHDOGS[asyncio.get_running_loop()]
     assert loop_dog._watches == {}
     await asyncio.sleep(SWEEP_INTERVAL * 2)  # the sweep stops once nothing is in flight
-    assert loop_dog._timer is None
+    assert not loop_dog._armed
 
 
 async def test_cancellation_from_elsewhere_stays_a_cancellation() -> None:
@@ -86,3 +86,23 @@ def test_outside_a_task_is_an_error() -> None:
     finally:
         loop.close()
     assert len(errors) == 1 and "running task" in str(errors[0])
+
+
+def test_a_finished_loop_is_not_kept_alive() -> None:
+    import gc
+    import weakref
+
+    async def guarded() -> asyncio.AbstractEventLoop:
+        with AttemptWatchdog(1.0):
+            await asyncio.sleep(0)
+        return asyncio.get_running_loop()
+
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(guarded())
+    loop.close()
+    ref = weakref.ref(loop)
+    del loop
+    gc.collect()
+    assert ref() is None
+    # and a new loop gets its own watchdog, not the dead loop's cached one
+    assert asyncio.run(guarded()) is not None
