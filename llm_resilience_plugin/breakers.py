@@ -120,6 +120,11 @@ class BreakerBackend(ABC):
     def release(self, admission: Admission) -> list[Change]:
         """Neither success nor failure: free a probe slot."""
 
+    def success_is_noop(self, admission: Admission) -> bool:
+        """True when :meth:`record_success` would change nothing and may be skipped (checked
+        without the breaker's lock, so only from state held in this process)."""
+        return False
+
     def observed(self) -> list[Change]:
         """Changes made elsewhere (other processes) that this process has seen since the last call."""
         return []
@@ -156,6 +161,8 @@ class MemoryBreakerBackend(BreakerBackend):
             throw_new_error_on_trip=False,
         )
         self._storage = self._cb._state_storage
+        # pybreaker's in-memory storage: counters can be read without I/O (see success_is_noop).
+        self._local_storage = type(self._storage) is pybreaker.CircuitMemoryStorage
 
     @classmethod
     def from_view(cls, name: str, policy: BreakerPolicy, view: BreakerView) -> MemoryBreakerBackend:
@@ -208,6 +215,15 @@ class MemoryBreakerBackend(BreakerBackend):
             return None, changes
         self._probes += 1
         return Admission(name, self._generation, probe=True), changes
+
+    def success_is_noop(self, admission: Admission) -> bool:
+        # The common healthy case: a closed-state success with no failure counted. A failure
+        # racing this check is ordered after the success, which is a valid order.
+        return (
+            self._local_storage
+            and not admission.probe
+            and (admission.generation != self._generation or self._storage.counter == 0)
+        )
 
     def record_success(self, admission: Admission, now: float) -> list[Change]:
         changes: list[Change] = []
@@ -360,7 +376,7 @@ class DeploymentBreaker:
         return adm
 
     def record_success(self, admission: Admission) -> None:
-        if not self.policy.enabled:
+        if not self.policy.enabled or self.backend.success_is_noop(admission):
             return
         with self._lock:
             self._emit(self.backend.observed())

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
 from llm_resilience_plugin.breakers import BreakerTransition
@@ -113,7 +113,7 @@ class StreamRestart:
         return d
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, repr=False)
 class CallReport:
     """What happened in one logical call; reach it with :func:`llm_resilience_plugin.get_report`."""
 
@@ -121,7 +121,10 @@ class CallReport:
     requested_group: str
     stream: bool
     started_at: float
-    attempts: list[AttemptRecord] = field(default_factory=list)
+    # Read through ``attempts``. The last attempt's record may wait as its field values until
+    # then: when no listener takes records as they happen, most calls never build one.
+    _attempts: list[AttemptRecord] = field(default_factory=list)
+    _pending: tuple[Any, ...] | None = field(default=None, compare=False)
     served_group: str | None = None
     deployment_id: str | None = None
     served_model: str | None = None
@@ -141,6 +144,25 @@ class CallReport:
     # needed it during the call, so calls without a store, guard or listener never pay for it.
     _idempotency_key: str | None = field(default=None, repr=False)
     _key_source: Callable[[], str] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def attempts(self) -> list[AttemptRecord]:
+        """Every attempt (and skipped route) of the call, in order."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            self._attempts.append(AttemptRecord(*pending))
+        return self._attempts
+
+    def defer_attempt(self, values: tuple[Any, ...]) -> None:
+        """Add an attempt as :class:`AttemptRecord`'s field values, built when first read."""
+        if self._pending is not None:
+            self.attempts  # noqa: B018 - builds the one before
+        self._pending = values
+
+    def __repr__(self) -> str:
+        shown = (f for f in fields(self) if not f.name.startswith("_"))
+        inner = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in shown)
+        return f"CallReport({inner}, attempts={self.attempts!r})"
 
     @property
     def idempotency_key(self) -> str | None:
@@ -246,6 +268,11 @@ class EventBus:
             self._listeners = [x for x in self._listeners if x is not listener]
 
         return unsubscribe
+
+    @property
+    def active(self) -> bool:
+        """Would :meth:`emit` reach anyone (a listener, or the logger at DEBUG)?"""
+        return bool(self._listeners) or logger.isEnabledFor(logging.DEBUG)
 
     def emit(self, event: Event) -> None:
         for listener in self._listeners:

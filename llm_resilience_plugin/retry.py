@@ -117,8 +117,11 @@ class RetryBudget:
         self._add(-1.0)
 
     def on_success(self) -> None:
-        if self.policy.refund_per_success:
-            self._add(self.policy.refund_per_success)
+        refund = self.policy.refund_per_success
+        # A full local bucket stays full: no lock taken (as if this success came before any
+        # failure that is racing it).
+        if refund and (self.shared is not None or self._tokens < self.policy.capacity):
+            self._add(refund)
 
     def spend(self) -> None:
         """A hedge draws a token as a failure would."""

@@ -680,7 +680,8 @@ class ResilientRouter:
 
     def _all_clear(self) -> bool:
         """Every breaker closed and no Retry-After hold pending (the filter's fast path)."""
-        return not self._not_closed and self._clock.wall() >= self._hold_until and not self._shared_breakers
+        hold = self._hold_until  # 0.0 until some Retry-After was honoured
+        return not self._not_closed and not self._shared_breakers and (not hold or self._clock.wall() >= hold)
 
     # -- introspection ---------------------------------------------------------------------------
 
@@ -790,10 +791,13 @@ class ResilientRouter:
         self._check_group(model)
         if not isinstance(messages, list) or not messages:
             raise ConfigError("messages", "expected a non-empty list of chat messages")
-        deadline = _positive("deadline", deadline)
-        if kwargs.keys() & _OPTION_KEYS or "timeout" in kwargs:
+        if deadline is not None:
+            deadline = _positive("deadline", deadline)
+        if not kwargs:  # the common case: nothing but model and messages
+            opts, clean = _NO_OPTIONS, {}
+        elif not _OPTION_KEYS.isdisjoint(kwargs) or "timeout" in kwargs:
             opts, clean = self._options(kwargs)
-        else:  # the common case: LiteLLM's own arguments only
+        else:  # LiteLLM's own arguments only
             opts, clean = _NO_OPTIONS, dict(kwargs)
         priority = opts.priority if opts.priority is not None else self.policy.default_tier
         tier = None
@@ -1512,23 +1516,27 @@ class ResilientRouter:
         ttft: float | None = None,
     ) -> None:
         dep = actx.picked if actx is not None else None
-        rec = AttemptRecord(
-            call_id=ctx.call_id,
-            attempt=ctx.attempt_no,
-            model_group=group,
-            deployment_id=dep,
-            fallback_level=level,
-            outcome=outcome,
-            error_class=failure.error_class if failure else None,
-            status=failure.status if failure else None,
-            error_message=failure.message if failure else None,
-            started_at=started_wall,
-            latency_s=latency,
-            wait_before_s=wait_before,
-            breaker_state=self._breaker_state(dep),
-            ttft_s=ttft,
-            probe=bool(actx and actx.admission and actx.admission.probe),
+        values = (  # AttemptRecord's fields, in order
+            ctx.call_id,
+            ctx.attempt_no,
+            group,
+            dep,
+            level,
+            outcome,
+            failure.error_class if failure else None,
+            failure.status if failure else None,
+            failure.message if failure else None,
+            started_wall,
+            latency,
+            wait_before,
+            self._breaker_state(dep),
+            ttft,
+            bool(actx and actx.admission and actx.admission.probe),
         )
+        if ctx.listener is None and not self.events.active:
+            ctx.report.defer_attempt(values)  # nobody takes it now: built if the report is read
+            return
+        rec = AttemptRecord(*values)
         ctx.report.attempts.append(rec)
         self._emit(ctx, rec)
 

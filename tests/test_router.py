@@ -524,6 +524,60 @@ async def test_per_call_listener_sees_the_whole_story(make_router: RouterFactory
     assert "sk-sim-secret" not in str(report.to_dict())
 
 
+async def test_attempt_records_are_the_same_with_or_without_a_listener(make_router: RouterFactory, sim):
+    """Without a listener the router keeps each attempt as field values and builds its record on
+    first read; what the report shows must not depend on that."""
+    router = make_router(
+        {"primary": ["a"], "backup": ["b"]},
+        fallbacks=[{"primary": ["backup"]}],
+        policy={"breaker": {"fail_max": 100}, "retry_budget": {"enabled": False}},
+    )
+
+    async def attempts(listen: bool) -> list[AttemptRecord]:
+        sim.reset()
+        sim.script("a", Fault.server_error(500), Fault.server_error(503), Fault.server_error(500))
+        seen: list[object] = []
+        resp = await router.acompletion(
+            model="primary", messages=MSG, listener=seen.append if listen else None
+        )
+        rep = get_report(resp)
+        assert rep is not None
+        if listen:  # the listener got the very records the report holds
+            heard = [e for e in seen if isinstance(e, AttemptRecord)]
+            assert len(heard) == len(rep.attempts)
+            assert all(x is y for x, y in zip(rep.attempts, heard, strict=True))
+        assert rep.upstream_requests == 4 and rep.retries == 3
+        assert rep.attempts is rep.attempts  # built once
+        return rep.attempts
+
+    def shape(a: AttemptRecord) -> tuple[object, ...]:
+        return (
+            a.attempt,
+            a.model_group,
+            a.deployment_id,
+            a.fallback_level,
+            a.outcome,
+            a.error_class,
+            a.status,
+            a.breaker_state,
+            a.probe,
+            a.ttft_s,
+        )
+
+    quiet, heard = await attempts(False), await attempts(True)
+    assert [shape(a) for a in quiet] == [shape(a) for a in heard]
+    assert [shape(a) for a in quiet] == [
+        (1, "primary", "a", 0, "failure", ErrorClass.SERVER, 500, "closed", False, None),
+        (2, "primary", "a", 0, "failure", ErrorClass.SERVER, 503, "closed", False, None),
+        (3, "primary", "a", 0, "failure", ErrorClass.SERVER, 500, "closed", False, None),
+        (4, "backup", "b", 1, "success", None, None, "closed", False, None),
+    ]
+    assert all(isinstance(a, AttemptRecord) and a.latency_s > 0 and a.started_at > 0 for a in quiet)
+    assert "attempts=[AttemptRecord(" in repr(
+        get_report(await router.acompletion(model="backup", messages=MSG))
+    )
+
+
 async def test_before_retry_hook_is_awaited_before_each_sleep(make_router: RouterFactory, sim):
     router = make_router({"primary": ["a"]})
     sim.script("a", Fault.server_error(500), Fault.rate_limit())
