@@ -43,6 +43,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from llm_resilience_plugin import _env  # noqa: F401  (offline price map before litellm loads)
 from llm_resilience_plugin.errors import BudgetExceededError, ConfigError, Failure
+from llm_resilience_plugin.events import hidden_params_of
 from llm_resilience_plugin.ledger import (
     BudgetKey,
     KeyUsage,
@@ -1028,8 +1029,8 @@ class CostGuard:
         if response is None and not usage and self.on_cancel == "release":
             self.release(token)  # cancelled in flight, and told to trust that it cost nothing
             return
-        hidden = getattr(response, "_hidden_params", None) or {}
-        reported = hidden.get("response_cost") if isinstance(hidden, Mapping) else None
+        hidden = hidden_params_of(response) or {}
+        reported = hidden.get("response_cost")
         pt = ct = None
         if usage:
             pt, ct = usage.get("prompt_tokens"), usage.get("completion_tokens")

@@ -34,7 +34,14 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from llm_resilience_plugin.breakers import BreakerTransition
-from llm_resilience_plugin.events import AttemptRecord, CallReport, FallbackTaken, RetryScheduled, usage_of
+from llm_resilience_plugin.events import (
+    AttemptRecord,
+    CallReport,
+    FallbackTaken,
+    RetryScheduled,
+    hidden_params_of,
+    usage_of,
+)
 
 if TYPE_CHECKING:
     from llm_resilience_plugin.cost import CostGuard, PriceBook
@@ -329,7 +336,7 @@ class RouterObserver:
         if usage:
             a.prompt_tokens = int(usage.get("prompt_tokens") or 0)
             a.completion_tokens = int(usage.get("completion_tokens") or 0)
-        hidden = getattr(response, "_hidden_params", None) or {}
+        hidden = hidden_params_of(response) or {}
         reported = hidden.get("response_cost") if isinstance(hidden, Mapping) else None
         if isinstance(reported, int | float) and not isinstance(reported, bool) and reported > 0:
             a.cost = float(reported)

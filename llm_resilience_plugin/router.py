@@ -65,6 +65,7 @@ from llm_resilience_plugin.events import (
     HedgeSent,
     Listener,
     RetryScheduled,
+    hidden_params_of,
     usage_of,
 )
 from llm_resilience_plugin.hedging import HedgeState
@@ -793,11 +794,9 @@ class ResilientRouter:
             raise ConfigError("messages", "expected a non-empty list of chat messages")
         if deadline is not None:
             deadline = _positive("deadline", deadline)
-        if not kwargs:  # the common case: nothing but model and messages
-            opts, clean = _NO_OPTIONS, {}
-        elif not _OPTION_KEYS.isdisjoint(kwargs) or "timeout" in kwargs:
+        if kwargs and (not _OPTION_KEYS.isdisjoint(kwargs) or "timeout" in kwargs):
             opts, clean = self._options(kwargs)
-        else:  # LiteLLM's own arguments only
+        else:  # the common case: LiteLLM's own arguments only
             opts, clean = _NO_OPTIONS, dict(kwargs)
         priority = opts.priority if opts.priority is not None else self.policy.default_tier
         tier = None
@@ -1403,9 +1402,7 @@ class ResilientRouter:
             stream = ResilientStream(self, ctx, group, level, actx, resp, started_wall, latency, wait_before)
             stream.bind_restart(messages, dict(kwargs))
             return stream
-        hidden = getattr(resp, "_hidden_params", None)
-        if not isinstance(hidden, dict):
-            hidden = None
+        hidden = hidden_params_of(resp)
         dep = hidden.get("model_id") if hidden is not None else None
         if not precise:
             actx.learn(str(dep) if dep is not None else _picked_in(md), epoch)
@@ -1558,8 +1555,7 @@ class ResilientRouter:
 
 
 def _fill_from_response(report: CallReport, resp: Any) -> None:
-    hidden = getattr(resp, "_hidden_params", None)
-    _fill_report(report, resp, hidden if isinstance(hidden, dict) else {}, usage_of(resp))
+    _fill_report(report, resp, hidden_params_of(resp) or {}, usage_of(resp))
 
 
 def _fill_report(report: CallReport, resp: Any, hidden: Mapping[str, Any], usage: Any) -> None:
@@ -1571,8 +1567,8 @@ def _fill_report(report: CallReport, resp: Any, hidden: Mapping[str, Any], usage
 
 
 def _attach_report(obj: Any, report: CallReport) -> None:
-    hidden = getattr(obj, "_hidden_params", None)
-    if isinstance(hidden, dict):
+    hidden = hidden_params_of(obj)
+    if hidden is not None:
         hidden[REPORT_KEY] = report
         return
     try:
@@ -1585,8 +1581,8 @@ def get_report(obj: Any) -> CallReport | None:
     """The :class:`CallReport` of a response, a stream, or an error raised by the router."""
     if isinstance(obj, ResilientStream | SyncResilientStream | StaticStream):
         return obj.report
-    hidden = getattr(obj, "_hidden_params", None)
-    if isinstance(hidden, dict) and REPORT_KEY in hidden:
+    hidden = hidden_params_of(obj)
+    if hidden is not None and REPORT_KEY in hidden:
         return hidden[REPORT_KEY]  # type: ignore[no-any-return]
     rep = getattr(obj, REPORT_KEY, None) or getattr(obj, "report", None)
     return rep if isinstance(rep, CallReport) else None

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
 
 from llm_resilience_plugin.errors import StreamInterruptedError, classify
-from llm_resilience_plugin.events import CallReport, StreamRestart, usage_of
+from llm_resilience_plugin.events import CallReport, StreamRestart, hidden_params_of, usage_of
 from llm_resilience_plugin.watchdog import AttemptWatchdog
 
 if TYPE_CHECKING:
@@ -224,7 +224,7 @@ class ResilientStream:
             self.usage = usage
         if self.report.served_model is None and getattr(chunk, "model", None):
             self.report.served_model = chunk.model
-        cost = (getattr(chunk, "_hidden_params", None) or {}).get("response_cost")
+        cost = (hidden_params_of(chunk) or {}).get("response_cost")
         if isinstance(cost, int | float) and not isinstance(cost, bool):
             self.report.response_cost = float(cost)
 

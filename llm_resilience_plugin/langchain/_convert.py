@@ -21,6 +21,8 @@ from langchain_core.messages.tool import tool_call_chunk
 from langchain_core.output_parsers.openai_tools import make_invalid_tool_call, parse_tool_call
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk
 
+from llm_resilience_plugin.events import hidden_params_of
+
 # Assistant content blocks that never go back to an OpenAI-compatible endpoint: tool calls go
 # out as ``tool_calls``; provider reasoning/thinking blocks are rejected by most providers.
 _DROPPED_ASSISTANT_BLOCKS = frozenset(
@@ -226,8 +228,8 @@ class StreamAssembler:
         usage = _get(chunk, "usage")
         if usage is not None and _int(_get(usage, "total_tokens")):
             self.usage = usage_metadata_from(usage)
-        hidden = getattr(chunk, "_hidden_params", None)
-        if isinstance(hidden, Mapping):
+        hidden = hidden_params_of(chunk)
+        if hidden is not None:
             cost = hidden.get("response_cost")
             if isinstance(cost, int | float) and not isinstance(cost, bool) and math.isfinite(cost):
                 self.response_cost = float(cost)

@@ -43,7 +43,7 @@ from llm_resilience_plugin.config import (
     spec_from_mapping,
 )
 from llm_resilience_plugin.errors import ConfigError, UnknownModelGroupError
-from llm_resilience_plugin.events import CallReport
+from llm_resilience_plugin.events import CallReport, hidden_params_of
 from llm_resilience_plugin.langchain._bridge import (
     EventSink,
     bridge_router,
@@ -563,7 +563,7 @@ class ResilientChatModel(BaseChatModel):
 
     def _result(self, resp: Any) -> ChatResult:
         report = get_report(resp)
-        hidden = getattr(resp, "_hidden_params", None) or {}
+        hidden = hidden_params_of(resp) or {}
         cost = hidden.get("response_cost")
         cost = float(cost) if isinstance(cost, int | float) and not isinstance(cost, bool) else None
         md = self._metadata(report, getattr(resp, "model", None), cost)
