@@ -6,14 +6,17 @@ the effect being measured (one process's CPU per call moved 10-13 ms between ide
 on the 2-core development machine), so every figure is *paired*: the two systems alternate at a
 fine grain and each ratio compares neighbours in time, never one long round with another.
 
-- sequential: calls alternate one by one (bare, plugin, plugin, bare, ...); throughput is calls
-  per second of summed wall time; the 95 % interval bootstraps over pairs.
-- N-concurrent: batches of ``--batch`` calls at ``--concurrency`` alternate; the ratio is the
-  median of per-pair throughput ratios, with a bootstrap 95 % interval of that median.
+- sequential: one call at a time, the systems alternating in blocks of ``--block`` calls (ABBA);
+  the ratio is the median of per-pair block throughput ratios (bootstrap 95 % interval). Also
+  printed: the ratio of summed times over all calls, where a single long pause (a full garbage
+  collection lands on one call now and then) weighs in fully, and the median call's ratio.
+- N-concurrent: batches of ``--batch`` calls at ``--concurrency`` alternate (ABBA); the ratio is
+  the median of per-pair throughput ratios, with a bootstrap 95 % interval of that median.
 - ``--instructions`` (needs valgrind): the client process is run under cachegrind for each system
   with two call counts; the difference is the instructions one call costs, independent of noise.
 
-    python benchmarks/overhead.py [--pairs 1500] [--batches 150] [--concurrency 50] [--instructions]
+    python benchmarks/overhead.py [--pairs 300] [--block 10] [--batches 400] [--concurrency 50]
+                                  [--instructions]
 """
 
 from __future__ import annotations
@@ -118,34 +121,45 @@ def bootstrap(values: list[Any], stat: Callable[[list[Any]], float], n: int = 20
     return boots[int(0.025 * n)], boots[int(0.975 * n) - 1]
 
 
-async def sequential(systems: dict[str, Call], pairs: int) -> dict[str, Any]:
-    """Calls alternate one by one; each pair is (bare, plugin) measured back to back."""
+async def sequential(systems: dict[str, Call], pairs: int, block: int) -> dict[str, Any]:
+    """One call at a time, the systems alternating in blocks of ``block`` calls (ABBA)."""
     wall: dict[str, list[float]] = {"bare": [], "resilient": []}
     cpu: dict[str, list[float]] = {"bare": [], "resilient": []}
     clock, cpu_clock = time.perf_counter, time.process_time
     for i in range(pairs):
         for kind in ("bare", "resilient") if i % 2 == 0 else ("resilient", "bare"):
-            c0, w0 = cpu_clock(), clock()
-            await systems[kind]()
-            wall[kind].append(clock() - w0)
-            cpu[kind].append(cpu_clock() - c0)
-    pair_list = list(zip(wall["bare"], wall["resilient"], strict=True))
+            call = systems[kind]
+            for _ in range(block):
+                c0, w0 = cpu_clock(), clock()
+                await call()
+                wall[kind].append(clock() - w0)
+                cpu[kind].append(cpu_clock() - c0)
+    call_pairs = list(zip(wall["bare"], wall["resilient"], strict=True))
+    # per block pair: plugin throughput / bare throughput over the block's calls
+    blocks = [
+        sum(wall["bare"][j : j + block]) / sum(wall["resilient"][j : j + block])
+        for j in range(0, len(wall["bare"]), block)
+    ]
 
-    def ratio(ps: list[tuple[float, float]]) -> float:  # plugin throughput / bare throughput
+    def ratio(ps: list[tuple[float, float]]) -> float:  # all calls: one slow call weighs in fully
         return sum(b for b, _ in ps) / sum(r for _, r in ps)
 
     def median_ratio(ps: list[tuple[float, float]]) -> float:  # the typical call, outliers aside
         return statistics.median(b for b, _ in ps) / statistics.median(r for _, r in ps)
 
-    lo, hi = bootstrap(pair_list, ratio)
-    mlo, mhi = bootstrap(pair_list, median_ratio, n=500)
+    lo, hi = bootstrap(blocks, statistics.median)
+    alo, ahi = bootstrap(call_pairs, ratio)
+    mlo, mhi = bootstrap(call_pairs, median_ratio, n=500)
     return {
         "pairs": pairs,
+        "block": block,
         "bare_calls_per_s": len(wall["bare"]) / sum(wall["bare"]),
         "plugin_calls_per_s": len(wall["resilient"]) / sum(wall["resilient"]),
-        "ratio": ratio(pair_list),
+        "ratio": statistics.median(blocks),
         "ci95": [lo, hi],
-        "median_call_ratio": median_ratio(pair_list),
+        "all_calls_ratio": ratio(call_pairs),
+        "all_calls_ci95": [alo, ahi],
+        "median_call_ratio": median_ratio(call_pairs),
         "median_call_ci95": [mlo, mhi],
         "added_p50_ms": (pct(wall["resilient"], 50) - pct(wall["bare"], 50)) * 1e3,
         "added_p99_ms": (pct(wall["resilient"], 99) - pct(wall["bare"], 99)) * 1e3,
@@ -265,7 +279,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         systems = {kind: call for kind, (_, call) in built.items()}
         for call in systems.values():  # warm connections, client caches and code paths
             await run_calls(call, 100, args.concurrency)
-        results: dict[str, Any] = {"sequential": await sequential(systems, args.pairs)}
+        results: dict[str, Any] = {"sequential": await sequential(systems, args.pairs, args.block)}
         results[f"{args.concurrency}-concurrent"] = await concurrent(
             systems, args.batches, args.batch or args.concurrency, args.concurrency
         )
@@ -280,8 +294,9 @@ def main() -> None:
         asyncio.run(_client(sys.argv[2], int(sys.argv[3]), int(sys.argv[4])))
         return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--pairs", type=int, default=1500, help="sequential call pairs")
-    ap.add_argument("--batches", type=int, default=150, help="concurrent batch pairs")
+    ap.add_argument("--pairs", type=int, default=300, help="sequential block pairs")
+    ap.add_argument("--block", type=int, default=10, help="calls per sequential block")
+    ap.add_argument("--batches", type=int, default=400, help="concurrent batch pairs")
     ap.add_argument("--batch", type=int, default=0, help="calls per batch (default: = concurrency)")
     ap.add_argument("--concurrency", type=int, default=50)
     ap.add_argument("--instructions", action="store_true", help="also count instructions (valgrind)")
@@ -312,7 +327,9 @@ def main() -> None:
     seq = results["sequential"]
     conc = results[f"{args.concurrency}-concurrent"]
     print(
-        f"\nsequential, median call: {seq['median_call_ratio']:.3f} "
+        f"\nsequential, all calls (ratio of summed times): {seq['all_calls_ratio']:.3f} "
+        f"({seq['all_calls_ci95'][0]:.3f}-{seq['all_calls_ci95'][1]:.3f}); "
+        f"median call: {seq['median_call_ratio']:.3f} "
         f"({seq['median_call_ci95'][0]:.3f}-{seq['median_call_ci95'][1]:.3f}); "
         f"{args.concurrency}-concurrent, client CPU per batch: {conc['cpu_ratio']:.3f} "
         f"({conc['cpu_ratio_ci95'][0]:.3f}-{conc['cpu_ratio_ci95'][1]:.3f})"

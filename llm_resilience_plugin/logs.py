@@ -233,25 +233,6 @@ class _CallSeen:
     attempts: dict[int, _AttemptSeen] = field(default_factory=dict)
 
 
-def _call_key(call_id: str) -> str | None:
-    """The call's idempotency key, read from the router's in-flight attempt table.
-
-    Stop-gap until ``AttemptInfo`` carries ``idempotency_key`` (the router keeps it in the call's
-    options, not in the kwargs guards see); private, so any failure just yields None.
-    """
-    try:
-        from llm_resilience_plugin import router as _router
-
-        for actx in list(_router._ATTEMPTS.values()):
-            call = getattr(actx, "call", None)
-            if getattr(call, "call_id", None) == call_id:
-                key = getattr(getattr(call, "opts", None), "key", None)
-                return str(key) if key is not None else None
-    except Exception:  # pragma: no cover - the router's internals moved
-        return None
-    return None
-
-
 class RouterObserver:
     """An :class:`~llm_resilience_plugin.router.AttemptGuard` that refuses nothing: it remembers
     what router events do not carry (idempotency key, metadata, per-attempt tokens, cost and
@@ -300,11 +281,7 @@ class RouterObserver:
             if seen is None:
                 md = dict(info.metadata or {})
                 tags = md.get("tags")
-                key = (
-                    getattr(info, "idempotency_key", None)
-                    or info.kwargs.get("idempotency_key")
-                    or _call_key(info.call_id)
-                )
+                key = info.idempotency_key or info.kwargs.get("idempotency_key")
                 seen = _CallSeen(
                     idempotency_key=str(key) if key is not None else None,
                     metadata=safe_metadata(md),
