@@ -314,7 +314,7 @@ class RouterObserver:
             a.prompt_tokens = int(usage.get("prompt_tokens") or 0)
             a.completion_tokens = int(usage.get("completion_tokens") or 0)
         hidden = hidden_params_of(response) or {}
-        reported = hidden.get("response_cost") if isinstance(hidden, Mapping) else None
+        reported = hidden.get("response_cost")
         if isinstance(reported, int | float) and not isinstance(reported, bool) and reported > 0:
             a.cost = float(reported)
         elif failure is None and usage and deployment_id in self.deployments:

@@ -255,11 +255,10 @@ class _AttemptContext:
         breaker has changed since: then, like any stale ticket, its outcome counts for nothing."""
         if self.picked is not None or dep is None:  # the pick hook saw it (another attempt's)
             return
-        self.picked = dep
-        router = self.router
-        b = router._breakers.get(dep)
-        if b is not None and router._changed_at.get(dep, -1) <= epoch:
-            self.admission = Admission(dep, b.generation, probe=False)
+        if self.router._changed_at.get(dep, -1) <= epoch:
+            self._pick(dep)
+        else:
+            self.picked = dep
 
     def _pick(self, dep: str) -> None:
         if self.picked is not None and self.admission is not None:
@@ -414,7 +413,6 @@ def _positive(name: str, value: Any) -> float | None:
 class _Served(NamedTuple):
     response: Any
     usage: dict[str, int] | None
-    hidden: dict[str, Any] | None  # the response's _hidden_params (LiteLLM's own dict)
     deployment_id: str | None
 
 
@@ -914,7 +912,7 @@ class ResilientRouter:
         r.outcome = "success"
         r.served_group = entry.get("served_group")
         r.deployment_id = entry.get("deployment_id")
-        _fill_from_response(r, resp)
+        _fill_from_response(r, resp, usage_of(resp))
         r.response_cost = 0.0  # nothing was paid for this answer
         r.total_latency_s = self._clock.wall() - r.started_at
         _attach_report(resp, r)
@@ -1081,18 +1079,13 @@ class ResilientRouter:
             r.served_group = group
             r.fallback_level = level
             served = ctx.served
-            if served is not None and served.response is result and served.hidden is not None:
-                # The common case: the attempt already read the answer's LiteLLM fields.
-                r.deployment_id = served.deployment_id
-                _fill_report(r, result, served.hidden, served.usage)
-                served.hidden[REPORT_KEY] = r
-                if not ctx.stream:
-                    self._emit(ctx, r)
-                return
-            last = next((a for a in reversed(r.attempts) if a.outcome == "success"), None)
-            r.deployment_id = last.deployment_id if last else None
+            if served is not None and served.response is result:  # what the attempt read
+                r.deployment_id, usage = served.deployment_id, served.usage
+            else:  # a static answer, or a stream
+                last = next((a for a in reversed(r.attempts) if a.outcome == "success"), None)
+                r.deployment_id, usage = (last.deployment_id if last else None), None
             if result is not None and not isinstance(result, ResilientStream):
-                _fill_from_response(r, result)
+                _fill_from_response(r, result, usage_of(result) if usage is None else usage)
                 _attach_report(result, r)
         if not ctx.stream or failure is not None:
             self._emit(ctx, r)
@@ -1409,7 +1402,7 @@ class ResilientRouter:
         elif dep is not None and actx.picked != dep:
             actx._pick(str(dep))
         usage = usage_of(resp)
-        ctx.served = _Served(resp, usage, hidden, actx.picked)
+        ctx.served = _Served(resp, usage, actx.picked)
         self._on_success(
             ctx, group, level, actx, started_wall, latency, wait_before, response=resp, usage=usage
         )
@@ -1554,14 +1547,10 @@ class ResilientRouter:
         return result
 
 
-def _fill_from_response(report: CallReport, resp: Any) -> None:
-    _fill_report(report, resp, hidden_params_of(resp) or {}, usage_of(resp))
-
-
-def _fill_report(report: CallReport, resp: Any, hidden: Mapping[str, Any], usage: Any) -> None:
+def _fill_from_response(report: CallReport, resp: Any, usage: dict[str, int] | None) -> None:
     """The served model, cost and usage of the answer."""
     report.served_model = getattr(resp, "model", None)
-    cost = hidden.get("response_cost")
+    cost = (hidden_params_of(resp) or {}).get("response_cost")
     report.response_cost = float(cost) if isinstance(cost, int | float) else None
     report.usage = usage
 
