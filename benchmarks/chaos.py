@@ -24,7 +24,7 @@ from typing import Any
 
 import llm_resilience_plugin  # noqa: F401  (offline LiteLLM settings first)
 from llm_resilience_plugin import ResilientRouter
-from llm_resilience_plugin.simulator import Fault, ProviderSimulator
+from llm_resilience_plugin.testing._simulator import Fault, ProviderSimulator
 
 try:  # run as a script (python benchmarks/x.py) or imported as benchmarks.x
     from _common import pct, write_json

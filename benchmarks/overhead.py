@@ -53,7 +53,7 @@ class ExternalSimulator:
 
     def __init__(self) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "llm_resilience_plugin.simulator", "--port", "0"],
+            [sys.executable, "-m", "llm_resilience_plugin.testing._simulator", "--port", "0"],
             stdout=subprocess.PIPE,
             text=True,
         )

@@ -104,7 +104,7 @@ async def per_call(n_deployments: int, calls: int, rounds: int = 3) -> dict[str,
 
 def ledger_ops(n: int) -> dict[str, float] | None:
     """Full CostGuard reserve + settle cycles per second (daily + monthly + per-request budgets)."""
-    from llm_resilience_plugin.cost import Budget, CostGuard, Price
+    from llm_resilience_plugin.cost._guard import Budget, CostGuard, Price
 
     result: dict[str, float] = {}
     candidates = [("d0", "openai/gpt-4o-mini", Price(1e-7, 4e-7))]

@@ -1,8 +1,12 @@
 """llm-resilience-plugin: retries, breakers, fallbacks, deadlines and a cost guard for LiteLLM's Router.
 
 Importing this package sets ``LITELLM_LOCAL_MODEL_COST_MAP`` (LiteLLM's bundled price map) before
-LiteLLM is imported, so nothing reaches the network at import time. Names are loaded lazily: the
-simulator and the config/error types do not pay LiteLLM's multi-second import.
+LiteLLM is imported, so nothing reaches the network at import time. Names are loaded lazily, so
+the policy and error types do not pay LiteLLM's multi-second import.
+
+The names below are the whole top-level surface; everything else lives in the subpackage named
+for its concern: ``policy``, ``events``, ``routing``, ``cost``, ``shared_state``,
+``observability``, ``langchain`` and ``testing``.
 """
 
 from __future__ import annotations
@@ -14,79 +18,41 @@ from llm_resilience_plugin import _env  # noqa: F401  (must run before litellm i
 
 __version__ = "0.1.0"
 
+# The one source of truth for the top-level names: name -> the module that defines it.
+# tests/unit/test_exported_members.py keeps __all__, this table and the TYPE_CHECKING block equal.
 _EXPORTS: dict[str, str] = {
-    "BackoffPolicy": "config",
-    "BreakerPolicy": "config",
-    "ClassPolicy": "config",
-    "GroupPolicy": "config",
-    "ResiliencePolicy": "config",
-    "RetryBudgetPolicy": "config",
-    "AllRoutesFailedError": "errors",
-    "BudgetExceededError": "errors",
-    "CircuitOpenError": "errors",
-    "ConfigError": "errors",
-    "DeadlineExceededError": "errors",
-    "ErrorClass": "errors",
-    "LoadShedError": "errors",
-    "ResilienceError": "errors",
-    "StreamInterruptedError": "errors",
-    "UnknownModelGroupError": "errors",
-    "classify": "errors",
-    "AttemptRecord": "events",
+    "ResilientRouter": "routing",
+    "get_report": "routing",
     "CallReport": "events",
-    "StreamRestart": "events",
-    "Clock": "retry",
-    "FakeClock": "retry",
-    "ResilientRouter": "router",
-    "get_report": "router",
-    "ResilientStream": "streams",
-    "Budget": "cost",
+    "ResiliencePolicy": "policy",
+    "ErrorClass": "errors",
+    "ResilienceError": "errors",
+    "ConfigError": "errors",
+    "AllRoutesFailedError": "errors",
+    "DeadlineExceededError": "errors",
+    "CircuitOpenError": "errors",
+    "BudgetExceededError": "errors",
+    "StreamInterruptedError": "errors",
+    "LoadShedError": "errors",
     "CostGuard": "cost",
-    "BudgetAlert": "cost",
-    "CostGuardCallbackHandler": "callbacks",
-    "StructuredLogCallbackHandler": "callbacks",
-    "JsonFormatter": "logs",
-    "attach_router_logging": "logs",
-    "MetricsCollector": "metrics",
-    "MemoryLedger": "ledger",
-    "SQLiteLedger": "ledger",
+    "Budget": "cost",
 }
 
 __all__ = [
     "AllRoutesFailedError",
-    "AttemptRecord",
-    "BackoffPolicy",
-    "BreakerPolicy",
     "Budget",
-    "BudgetAlert",
     "BudgetExceededError",
     "CallReport",
     "CircuitOpenError",
-    "ClassPolicy",
-    "Clock",
     "ConfigError",
     "CostGuard",
-    "CostGuardCallbackHandler",
     "DeadlineExceededError",
     "ErrorClass",
-    "FakeClock",
-    "GroupPolicy",
-    "JsonFormatter",
     "LoadShedError",
-    "MemoryLedger",
-    "MetricsCollector",
     "ResilienceError",
     "ResiliencePolicy",
     "ResilientRouter",
-    "ResilientStream",
-    "RetryBudgetPolicy",
-    "SQLiteLedger",
     "StreamInterruptedError",
-    "StreamRestart",
-    "StructuredLogCallbackHandler",
-    "UnknownModelGroupError",
-    "attach_router_logging",
-    "classify",
     "get_report",
 ]
 
@@ -105,16 +71,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from llm_resilience_plugin.callbacks import CostGuardCallbackHandler, StructuredLogCallbackHandler
-    from llm_resilience_plugin.config import (
-        BackoffPolicy,
-        BreakerPolicy,
-        ClassPolicy,
-        GroupPolicy,
-        ResiliencePolicy,
-        RetryBudgetPolicy,
-    )
-    from llm_resilience_plugin.cost import Budget, BudgetAlert, CostGuard
+    from llm_resilience_plugin.cost import Budget, CostGuard
     from llm_resilience_plugin.errors import (
         AllRoutesFailedError,
         BudgetExceededError,
@@ -125,13 +82,7 @@ if TYPE_CHECKING:
         LoadShedError,
         ResilienceError,
         StreamInterruptedError,
-        UnknownModelGroupError,
-        classify,
     )
-    from llm_resilience_plugin.events import AttemptRecord, CallReport, StreamRestart
-    from llm_resilience_plugin.ledger import MemoryLedger, SQLiteLedger
-    from llm_resilience_plugin.logs import JsonFormatter, attach_router_logging
-    from llm_resilience_plugin.metrics import MetricsCollector
-    from llm_resilience_plugin.retry import Clock, FakeClock
-    from llm_resilience_plugin.router import ResilientRouter, get_report
-    from llm_resilience_plugin.streams import ResilientStream
+    from llm_resilience_plugin.events import CallReport
+    from llm_resilience_plugin.policy import ResiliencePolicy
+    from llm_resilience_plugin.routing import ResilientRouter, get_report

@@ -14,7 +14,7 @@ from llm_resilience_plugin.errors import ConfigError
 
 
 def _check(path: str, as_json: bool) -> int:
-    from llm_resilience_plugin.config import load_config
+    from llm_resilience_plugin.policy import load_config
 
     spec = load_config(path)
     out: dict[str, Any] = {"groups": {}}
@@ -57,7 +57,7 @@ def _check(path: str, as_json: bool) -> int:
 def _report(ledger: str, since: str | None, as_json: bool) -> int:
     from datetime import datetime
 
-    from llm_resilience_plugin.ledger import SQLiteLedger, open_ledger
+    from llm_resilience_plugin.cost._ledger import SQLiteLedger, open_ledger
 
     if ledger.startswith("sqlite:///"):
         path = ledger.removeprefix("sqlite:///")
@@ -96,7 +96,7 @@ def _bench(which: str, extra: Sequence[str]) -> int:
 
 
 def _simulator(argv: Sequence[str]) -> int:
-    from llm_resilience_plugin.simulator import main as sim_main
+    from llm_resilience_plugin.testing._simulator import main as sim_main
 
     return sim_main(list(argv))
 

@@ -99,14 +99,13 @@ async def run_demo(calls_per_phase: int = 12, out: TextIO = sys.stdout) -> int:
     from langchain_core.prompts import ChatPromptTemplate
     from langchain_litellm import ChatLiteLLMRouter
 
-    from llm_resilience_plugin.breakers import BreakerTransition
-    from llm_resilience_plugin.callbacks import CostGuardCallbackHandler
-    from llm_resilience_plugin.cost import Budget, BudgetAlert, CostGuard
+    from llm_resilience_plugin.cost._guard import Budget, BudgetAlert, CostGuard
     from llm_resilience_plugin.errors import BudgetExceededError
-    from llm_resilience_plugin.events import Event, FallbackTaken, RetryScheduled
+    from llm_resilience_plugin.events import BreakerTransition, Event, FallbackTaken, RetryScheduled
     from llm_resilience_plugin.langchain import ResilientChatModel
-    from llm_resilience_plugin.router import ResilientRouter
-    from llm_resilience_plugin.simulator import Fault, ProviderSimulator
+    from llm_resilience_plugin.langchain._callbacks import CostGuardCallbackHandler
+    from llm_resilience_plugin.routing._router import ResilientRouter
+    from llm_resilience_plugin.testing._simulator import Fault, ProviderSimulator
 
     prompt = ChatPromptTemplate.from_messages([("user", "In one sentence: {question}")])
     alerts: list[BudgetAlert] = []

@@ -7,16 +7,87 @@ content). Listeners subscribe on the router; the ``llm_resilience`` logger gets 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
-from llm_resilience_plugin.breakers import BreakerTransition
-from llm_resilience_plugin.errors import ErrorClass
+from llm_resilience_plugin.errors import ErrorClass, Failure
 
 logger = logging.getLogger("llm_resilience")
 
 Outcome = Literal["success", "failure", "cancelled", "skipped"]
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerTransition:
+    """A breaker changed state (emitted once per transition)."""
+
+    deployment_id: str
+    model_group: str
+    old_state: str
+    new_state: str
+    at: float
+    fail_counter: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeploymentInfo:
+    """What the plugin knows of one deployment (never its API key)."""
+
+    id: str
+    model_group: str
+    model: str
+    api_base: str | None
+    params: Mapping[str, Any] = field(default_factory=dict)  # litellm_params without secrets
+
+    @property
+    def supports_prefill(self) -> bool:
+        """Can this deployment continue an assistant message (assistant prefill)?"""
+        flag = self.params.get("supports_assistant_prefill")
+        if flag is not None:
+            return bool(flag)
+        import litellm  # only asked when a stream must be continued; keeps this module light
+
+        try:
+            return bool(litellm.supports_assistant_prefill(self.model))
+        except Exception:
+            return False
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptInfo:
+    """What an :class:`AttemptGuard` sees before an attempt (no API keys)."""
+
+    call_id: str
+    attempt: int
+    model_group: str
+    fallback_level: int
+    deployments: tuple[DeploymentInfo, ...]
+    messages: list[dict[str, Any]]
+    kwargs: Mapping[str, Any]
+    metadata: Mapping[str, Any]
+    stream: bool
+    idempotency_key: str | None = None
+
+
+class AttemptGuard(Protocol):
+    """Consulted before every attempt (retries and fallbacks too) and told its outcome.
+
+    ``before_attempt`` may raise (e.g. ``BudgetExceededError``) to refuse the attempt before any
+    request is sent; it returns a token handed back to exactly one ``after_attempt`` call.
+    """
+
+    def before_attempt(self, info: AttemptInfo) -> Any: ...
+
+    def after_attempt(
+        self,
+        token: Any,
+        *,
+        deployment_id: str | None,
+        response: Any | None,
+        usage: Mapping[str, int] | None,
+        failure: Failure | None,
+    ) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)

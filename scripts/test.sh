@@ -7,4 +7,5 @@ export NO_PROXY="127.0.0.1,localhost${NO_PROXY:+,$NO_PROXY}"
 .venv/bin/ruff check llm_resilience_plugin tests benchmarks
 .venv/bin/ruff format --check llm_resilience_plugin tests benchmarks
 .venv/bin/mypy llm_resilience_plugin
+.venv/bin/lint-imports --no-cache
 exec .venv/bin/pytest -q -p no:cacheprovider "$@"

@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 
 import llm_resilience_plugin  # noqa: F401  (sets LiteLLM's offline switches before it is imported)
-from llm_resilience_plugin import FakeClock, ResilientRouter
-from llm_resilience_plugin.simulator import ProviderSimulator
+from llm_resilience_plugin import ResilientRouter
+from llm_resilience_plugin.testing import FakeClock
+from llm_resilience_plugin.testing._simulator import ProviderSimulator
 
 FAST_POLICY: dict[str, Any] = {
     "deadline": 10,

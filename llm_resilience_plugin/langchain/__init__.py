@@ -1,4 +1,5 @@
-"""LangChain surface: :class:`ResilientChatModel` and :func:`resilient` / :class:`ResilientRunnable`.
+"""LangChain surface: :class:`ResilientChatModel`, :func:`resilient` / :class:`ResilientRunnable`
+and the cost-guard and structured-log callback handlers.
 
 ``ResilientChatModel`` is a ``BaseChatModel`` over one model group of a
 :class:`~llm_resilience_plugin.ResilientRouter`; ``resilient(runnable)`` puts the same error
@@ -10,7 +11,15 @@ from __future__ import annotations
 
 from llm_resilience_plugin import _env  # noqa: F401  (before litellm is imported)
 from llm_resilience_plugin.langchain._bridge import EVENT_PREFIX
-from llm_resilience_plugin.langchain.chat_model import ResilientChatModel
-from llm_resilience_plugin.langchain.runnable import ResilientRunnable, resilient
+from llm_resilience_plugin.langchain._callbacks import CostGuardCallbackHandler, StructuredLogCallbackHandler
+from llm_resilience_plugin.langchain._chat_model import ResilientChatModel
+from llm_resilience_plugin.langchain._runnable import ResilientRunnable, resilient
 
-__all__ = ["EVENT_PREFIX", "ResilientChatModel", "ResilientRunnable", "resilient"]
+__all__ = [
+    "EVENT_PREFIX",
+    "CostGuardCallbackHandler",
+    "ResilientChatModel",
+    "ResilientRunnable",
+    "StructuredLogCallbackHandler",
+    "resilient",
+]

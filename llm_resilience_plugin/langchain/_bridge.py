@@ -39,8 +39,7 @@ from langchain_core.callbacks import (
     CallbackManagerForLLMRun,
 )
 
-from llm_resilience_plugin.breakers import BreakerTransition
-from llm_resilience_plugin.events import CallReport, Event, event_dict, event_name
+from llm_resilience_plugin.events import BreakerTransition, CallReport, Event, event_dict, event_name
 
 logger = logging.getLogger("llm_resilience")
 

@@ -1,0 +1,422 @@
+"""Per-deployment circuit breakers: pybreaker's state machine and storage behind a safe gate.
+
+pybreaker's ``call``/``calling``/``call_async`` are not safe around coroutines (every concurrent
+call passes in half-open, stale successes close re-opened breakers, cancellation counts as a
+failure). So admission is decided here, synchronously under a lock, and outcomes are recorded
+afterwards against the *generation* the call was admitted under: an outcome from an older
+generation is ignored.
+
+Where the state lives is a :class:`BreakerBackend`: every state operation (admit, record a
+success or a failure, release) is one atomic step of the backend.
+
+* :class:`MemoryBreakerBackend` (the default): pybreaker owns the state, the counters,
+  ``opened_at`` and the storage (any ``pybreaker.CircuitBreakerStorage``); this process owns the
+  generation and the half-open probe count.
+* ``llm_resilience_plugin.redis_state.RedisBreakerBackend``: the same state machine as Lua
+  scripts on Redis (pybreaker's state names and ``CircuitRedisStorage`` key names), so every
+  process sharing the Redis sees one breaker, one generation and one fleet-wide probe limit.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import pybreaker
+
+from llm_resilience_plugin.events import BreakerTransition
+from llm_resilience_plugin.policy import BreakerPolicy
+
+CLOSED = pybreaker.STATE_CLOSED
+OPEN = pybreaker.STATE_OPEN
+HALF_OPEN = pybreaker.STATE_HALF_OPEN
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """A ticket for one attempt on one deployment; hand it back with the outcome.
+
+    ``lease`` names a shared backend's half-open probe slot (None otherwise)."""
+
+    deployment_id: str
+    generation: int
+    probe: bool
+    lease: str | None = None
+
+
+TransitionListener = Callable[[BreakerTransition], None]
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerView:
+    """One breaker's state as its backend last knew it (wall-clock seconds for ``opened_at``)."""
+
+    state: str = CLOSED
+    generation: int = 0
+    fail_counter: int = 0
+    success_counter: int = 0
+    opened_at: float = 0.0
+    probes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """A state change a backend made (or saw): the gate turns it into a BreakerTransition."""
+
+    old_state: str
+    new_state: str
+    fail_counter: int
+
+
+class BreakerBackend(ABC):
+    """Where one breaker's state lives. :class:`DeploymentBreaker` calls every mutating method
+    under its lock; each is one atomic step and returns the state changes it made.
+
+    ``view`` must be cheap (it is read several times per routing decision); a remote backend
+    serves it from a cache."""
+
+    @abstractmethod
+    def view(self) -> BreakerView:
+        """The current (or last known) state; no I/O on the request path."""
+
+    @property
+    def state(self) -> str:
+        return self.view().state
+
+    @property
+    def generation(self) -> int:
+        return self.view().generation
+
+    @abstractmethod
+    def admit(self, now: float) -> tuple[Admission | None, list[Change]]:
+        """Admit one attempt (closed: any; open past ``reset_timeout``: move to half-open; half-open:
+        up to ``half_open_max_probes`` probes), or refuse with None."""
+
+    @abstractmethod
+    def record_success(self, admission: Admission, now: float) -> list[Change]:
+        """A success: a probe counts towards closing, anything else resets the fail counter."""
+
+    @abstractmethod
+    def record_failure(self, admission: Admission, now: float) -> list[Change]:
+        """A failure: a probe re-opens; anything else counts towards ``fail_max``."""
+
+    @abstractmethod
+    def release(self, admission: Admission) -> list[Change]:
+        """Neither success nor failure: free a probe slot."""
+
+    def success_is_noop(self, admission: Admission) -> bool:
+        """True when :meth:`record_success` would change nothing and may be skipped (checked
+        without the breaker's lock, so only from state held in this process)."""
+        return False
+
+    def observed(self) -> list[Change]:
+        """Changes made elsewhere (other processes) that this process has seen since the last call."""
+        return []
+
+    @property
+    def has_observed(self) -> bool:
+        return False
+
+
+class MemoryBreakerBackend(BreakerBackend):
+    """One process's breaker: pybreaker's ``CircuitBreaker`` over any pybreaker storage.
+
+    Generation and probe count are this process's (so with pybreaker's own
+    ``CircuitRedisStorage`` the state is shared but the probe limit is not; use the Redis backend
+    for that)."""
+
+    def __init__(
+        self,
+        name: str,
+        policy: BreakerPolicy,
+        *,
+        storage: pybreaker.CircuitBreakerStorage | None = None,
+        generation: int = 0,
+    ) -> None:
+        self.policy = policy
+        self._generation = generation
+        self._probes = 0
+        self._cb = pybreaker.CircuitBreaker(
+            fail_max=policy.fail_max,
+            reset_timeout=policy.reset_timeout,
+            success_threshold=policy.success_threshold,
+            state_storage=storage or pybreaker.CircuitMemoryStorage(CLOSED),
+            name=name,
+            throw_new_error_on_trip=False,
+        )
+        self._storage = self._cb._state_storage
+        # pybreaker's in-memory storage: counters can be read without I/O (see success_is_noop).
+        self._local_storage = type(self._storage) is pybreaker.CircuitMemoryStorage
+
+    @classmethod
+    def from_view(cls, name: str, policy: BreakerPolicy, view: BreakerView) -> MemoryBreakerBackend:
+        """A local copy of ``view`` (state, counters, ``opened_at``) at ``view.generation``."""
+        backend = cls(
+            name, policy, storage=pybreaker.CircuitMemoryStorage(view.state), generation=view.generation
+        )
+        s = backend._storage
+        for _ in range(max(0, view.fail_counter)):
+            s.increment_counter()
+        for _ in range(max(0, view.success_counter)):
+            s.increment_success_counter()
+        if view.state != CLOSED:
+            s.opened_at = datetime.fromtimestamp(view.opened_at, UTC)
+        return backend
+
+    def _opened_at(self) -> float:
+        opened = self._storage.opened_at
+        return opened.timestamp() if opened is not None else 0.0
+
+    @property
+    def state(self) -> str:
+        return self._cb.current_state
+
+    @property
+    def generation(self) -> int:
+        return self._generation
+
+    def view(self) -> BreakerView:
+        return BreakerView(
+            state=self._cb.current_state,
+            generation=self._generation,
+            fail_counter=self._storage.counter,
+            success_counter=self._storage.success_counter,
+            opened_at=self._opened_at(),
+            probes=self._probes,
+        )
+
+    def admit(self, now: float) -> tuple[Admission | None, list[Change]]:
+        changes: list[Change] = []
+        name = self._cb.name or ""
+        state = self._cb.current_state
+        if state == CLOSED:
+            return Admission(name, self._generation, probe=False), changes
+        if state == OPEN:
+            if now < self._opened_at() + self.policy.reset_timeout:
+                return None, changes
+            self._transition(self._cb.half_open, changes)
+        if self._probes >= self.policy.half_open_max_probes:
+            return None, changes
+        self._probes += 1
+        return Admission(name, self._generation, probe=True), changes
+
+    def success_is_noop(self, admission: Admission) -> bool:
+        # The common healthy case: a closed-state success with no failure counted. A failure
+        # racing this check is ordered after the success, which is a valid order.
+        return (
+            self._local_storage
+            and not admission.probe
+            and (admission.generation != self._generation or self._storage.counter == 0)
+        )
+
+    def record_success(self, admission: Admission, now: float) -> list[Change]:
+        changes: list[Change] = []
+        if admission.generation != self._generation:
+            return changes  # admitted under an older state: its outcome says nothing about now
+        if admission.probe:
+            self._probes = max(0, self._probes - 1)
+            self._storage.increment_success_counter()
+            if self._storage.success_counter >= self.policy.success_threshold:
+                self._transition(self._cb.close, changes)
+        else:
+            self._storage.reset_counter()
+        return changes
+
+    def record_failure(self, admission: Admission, now: float) -> list[Change]:
+        changes: list[Change] = []
+        if admission.generation != self._generation:
+            return changes
+        if admission.probe:
+            self._probes = max(0, self._probes - 1)
+            self._trip(now, changes)
+            return changes
+        self._storage.increment_counter()
+        if self._storage.counter >= self.policy.fail_max:
+            self._trip(now, changes)
+        return changes
+
+    def release(self, admission: Admission) -> list[Change]:
+        if admission.probe and admission.generation == self._generation:
+            self._probes = max(0, self._probes - 1)
+        return []
+
+    def _trip(self, now: float, changes: list[Change]) -> None:
+        self._transition(self._cb.open, changes)
+        # pybreaker stamps datetime.now(); use our clock so fake clocks and stores agree.
+        self._storage.opened_at = datetime.fromtimestamp(now, UTC)
+
+    def _transition(self, action: Callable[[], object], changes: list[Change]) -> None:
+        old = self._cb.current_state
+        action()
+        self._generation += 1
+        self._probes = 0
+        new = self._cb.current_state
+        if old != new:
+            changes.append(Change(old, new, self._storage.counter))
+
+
+class DeploymentBreaker:
+    """The gate for one deployment: admit, then record success, failure, or release."""
+
+    def __init__(
+        self,
+        deployment_id: str,
+        model_group: str,
+        policy: BreakerPolicy,
+        *,
+        clock: Callable[[], float] = time.time,
+        on_transition: TransitionListener | None = None,
+        storage: pybreaker.CircuitBreakerStorage | None = None,
+        backend: BreakerBackend | None = None,
+    ) -> None:
+        self.deployment_id = deployment_id
+        self.model_group = model_group
+        self.policy = policy
+        self._clock = clock
+        self._on_transition = on_transition
+        self._lock = threading.Lock()
+        self._hold_until = 0.0
+        if backend is not None and storage is not None:
+            raise ValueError("pass a pybreaker storage or a backend, not both")
+        self.backend: BreakerBackend = backend or MemoryBreakerBackend(deployment_id, policy, storage=storage)
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def _drain(self) -> None:
+        if self.backend.has_observed:
+            with self._lock:
+                self._emit(self.backend.observed())
+
+    def _view(self) -> BreakerView:
+        self._drain()
+        return self.backend.view()
+
+    @property
+    def state(self) -> str:
+        """'closed', 'open' or 'half-open' as stored (a shared backend: as last synced)."""
+        self._drain()
+        return self.backend.state
+
+    @property
+    def generation(self) -> int:
+        self._drain()
+        return self.backend.generation
+
+    def retry_at(self) -> float | None:
+        """When an open breaker will admit a probe (wall-clock seconds), else None."""
+        v = self._view()
+        if v.state != OPEN:
+            return None
+        return v.opened_at + self.policy.reset_timeout
+
+    def could_admit(self, now: float | None = None) -> bool:
+        """Would :meth:`admit` succeed now? (No side effects.)"""
+        if not self.policy.enabled:
+            return True
+        self._drain()
+        if self.backend.state == CLOSED:
+            return True
+        now = self._clock() if now is None else now
+        v = self.backend.view()
+        if v.state == CLOSED:
+            return True
+        if v.state == OPEN:
+            return now >= v.opened_at + self.policy.reset_timeout
+        return v.probes < self.policy.half_open_max_probes
+
+    def hold(self, seconds: float) -> None:
+        """Ask the router to avoid this deployment for ``seconds`` (a Retry-After), if it can."""
+        with self._lock:
+            self._hold_until = max(self._hold_until, self._clock() + seconds)
+
+    def held_for(self, now: float | None = None) -> float:
+        now = self._clock() if now is None else now
+        return max(0.0, self._hold_until - now)
+
+    def snapshot(self) -> dict[str, Any]:
+        v = self._view()
+        return {
+            "deployment_id": self.deployment_id,
+            "model_group": self.model_group,
+            "state": v.state,
+            "fail_counter": v.fail_counter,
+            "generation": v.generation,
+            "probes_in_flight": v.probes,
+            "retry_at": v.opened_at + self.policy.reset_timeout if v.state == OPEN else None,
+        }
+
+    # -- admission -----------------------------------------------------------------------------
+
+    def admit(self) -> Admission | None:
+        """Admit one attempt now, or return None (open, or half-open with its probes taken)."""
+        if not self.policy.enabled:
+            return Admission(self.deployment_id, self.generation, probe=False)
+        with self._lock:
+            self._emit(self.backend.observed())
+            adm, changes = self.backend.admit(self._clock())
+            self._emit(changes)
+        if adm is not None and adm.deployment_id != self.deployment_id:
+            adm = Admission(self.deployment_id, adm.generation, adm.probe, adm.lease)
+        return adm
+
+    def record_success(self, admission: Admission) -> None:
+        if not self.policy.enabled or self.backend.success_is_noop(admission):
+            return
+        with self._lock:
+            self._emit(self.backend.observed())
+            self._emit(self.backend.record_success(admission, self._clock()))
+
+    def record_failure(self, admission: Admission) -> None:
+        if not self.policy.enabled:
+            return
+        with self._lock:
+            self._emit(self.backend.observed())
+            self._emit(self.backend.record_failure(admission, self._clock()))
+
+    def release(self, admission: Admission) -> None:
+        """Neither success nor failure (cancelled, or the caller's own error)."""
+        if not self.policy.enabled:
+            return
+        with self._lock:
+            self._emit(self.backend.observed())
+            self._emit(self.backend.release(admission))
+
+    # -- transitions (lock held) ---------------------------------------------------------------
+
+    def _emit(self, changes: list[Change]) -> None:
+        if not changes or self._on_transition is None:
+            return
+        at = self._clock()
+        for c in changes:
+            self._on_transition(
+                BreakerTransition(
+                    self.deployment_id, self.model_group, c.old_state, c.new_state, at, c.fail_counter
+                )
+            )
+
+
+class BreakerRegistry:
+    """All breakers of one router, keyed by deployment id."""
+
+    def __init__(self) -> None:
+        self._breakers: dict[str, DeploymentBreaker] = {}
+
+    def add(self, breaker: DeploymentBreaker) -> None:
+        self._breakers[breaker.deployment_id] = breaker
+
+    def get(self, deployment_id: str) -> DeploymentBreaker | None:
+        return self._breakers.get(deployment_id)
+
+    def __getitem__(self, deployment_id: str) -> DeploymentBreaker:
+        return self._breakers[deployment_id]
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self._breakers.values())
+
+    def snapshot(self) -> dict[str, dict[str, Any]]:
+        return {k: b.snapshot() for k, b in self._breakers.items()}

@@ -1,0 +1,191 @@
+"""The retry policy: tenacity predicates, full-jitter waits that honour Retry-After, the retry
+budget, the deadline, and the clock they all read.
+
+A fresh tenacity ``AsyncRetrying`` is built per call and model group (tenacity keeps attempt state
+on the instance, so sharing one across concurrent calls corrupts it).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import tenacity
+
+from llm_resilience_plugin._engine.clock import Clock, Deadline
+from llm_resilience_plugin.errors import ErrorClass, Failure
+from llm_resilience_plugin.policy import BackoffPolicy, EffectivePolicy, RetryBudgetPolicy
+
+
+class SharedTokens(Protocol):
+    """What a :class:`RetryBudget` needs from a shared bucket."""
+
+    def tokens(self) -> float | None:
+        """The fleet's level (this process's pending changes included), or None if unknown."""
+
+    def add(self, delta: float) -> None:
+        """Record a change (applied to the fleet's bucket later, atomically)."""
+
+
+class RetryBudget:
+    """Token bucket per model group: a failure spends a token, a success refunds a fraction, and
+    retries stop while the bucket is below ``min_fraction`` of its capacity. First attempts and
+    fallbacks to other groups are never refused: the budget only bounds amplification.
+
+    ``shared`` (e.g. a ``redis_state.RedisTokenBucket``) makes it one bucket for the whole fleet:
+    every change is also handed to it, and the level read is the fleet's (this process's own
+    changes included). While the shared bucket cannot say (``tokens()`` is None: Redis down, or
+    not synced yet) the local bucket, which follows the last fleet level, is used.
+    """
+
+    def __init__(self, policy: RetryBudgetPolicy, *, shared: SharedTokens | None = None) -> None:
+        self.policy = policy
+        self._tokens = policy.capacity
+        self._lock = threading.Lock()
+        self.shared = shared
+
+    @property
+    def tokens(self) -> float:
+        if self.shared is not None:
+            fleet = self.shared.tokens()
+            if fleet is not None:
+                self._tokens = fleet  # the local bucket carries on from here if Redis goes away
+                return fleet
+        return self._tokens
+
+    def _add(self, delta: float) -> None:
+        with self._lock:
+            self._tokens = min(self.policy.capacity, max(0.0, self._tokens + delta))
+        if self.shared is not None:
+            self.shared.add(delta)
+
+    def on_failure(self) -> None:
+        self._add(-1.0)
+
+    def on_success(self) -> None:
+        refund = self.policy.refund_per_success
+        # A full local bucket stays full: no lock taken (as if this success came before any
+        # failure that is racing it).
+        if refund and (self.shared is not None or self._tokens < self.policy.capacity):
+            self._add(refund)
+
+    def spend(self) -> None:
+        """A hedge draws a token as a failure would."""
+        self.on_failure()
+
+    @property
+    def fraction(self) -> float:
+        return self.tokens / self.policy.capacity
+
+    def allows_retry(self) -> bool:
+        if not self.policy.enabled:
+            return True
+        return self.tokens >= self.policy.capacity * self.policy.min_fraction
+
+
+class AttemptFailed(Exception):
+    """Raised by one attempt so tenacity sees the already-classified failure."""
+
+    def __init__(self, failure: Failure, deployment_id: str | None) -> None:
+        super().__init__(failure.message)
+        self.failure = failure
+        self.deployment_id = deployment_id
+
+
+def backoff_delay(backoff: BackoffPolicy, retry_number: int, rng: random.Random) -> float:
+    """Full jitter (AWS architecture blog): uniform(0, min(maximum, initial * 2**(n-1)))."""
+    cap = min(backoff.maximum, backoff.initial * (2 ** max(0, retry_number - 1)))
+    return rng.uniform(0.0, cap)
+
+
+@dataclass(slots=True)
+class GroupRetryState:
+    """What the predicates of one group's retry loop consult."""
+
+    policy: EffectivePolicy
+    budget: RetryBudget
+    deadline: Deadline
+    rng: random.Random
+    # Seconds until a deployment of the group can be tried without a Retry-After hold; 0 if now.
+    earliest_free: Callable[[], float]
+    has_fallback: bool = False
+    retry_cap: int | None = None  # a priority tier's limit on retries per class
+    retries_by_class: dict[ErrorClass, int] = field(default_factory=dict)
+    gave_up_reason: str | None = None
+
+    def should_retry(self, exc: BaseException) -> bool:
+        if not isinstance(exc, AttemptFailed):
+            return False
+        f = exc.failure
+        cp = self.policy.classes[f.error_class]
+        if cp.action != "retry":
+            self.gave_up_reason = f"{f.error_class} is not retried ({cp.action})"
+            return False
+        used = self.retries_by_class.get(f.error_class, 0)
+        allowed = cp.max_retries if self.retry_cap is None else min(cp.max_retries, self.retry_cap)
+        if used >= allowed:
+            self.gave_up_reason = f"{f.error_class}: {allowed} retries used"
+            return False
+        if not self.budget.allows_retry():
+            self.gave_up_reason = "retry budget exhausted"
+            return False
+        self.retries_by_class[f.error_class] = used + 1
+        return True
+
+    def wait(self, retry_state: tenacity.RetryCallState) -> float:
+        exc = retry_state.outcome.exception() if retry_state.outcome else None
+        retry_number = retry_state.attempt_number
+        delay = backoff_delay(self.policy.backoff, retry_number, self.rng)
+        if isinstance(exc, AttemptFailed) and self.policy.backoff.respect_retry_after:
+            ra = exc.failure.retry_after
+            # The hold applies to the deployment that sent it; wait only if nothing else is free.
+            free_in = self.earliest_free()
+            if ra is not None and free_in > 0:
+                delay = max(delay, min(ra, free_in))
+        return delay
+
+    def stop(self, retry_state: tenacity.RetryCallState) -> bool:
+        upcoming = retry_state.upcoming_sleep or 0.0
+        exc = retry_state.outcome.exception() if retry_state.outcome else None
+        if (
+            isinstance(exc, AttemptFailed)
+            and exc.failure.retry_after is not None
+            and exc.failure.retry_after > self.policy.backoff.max_retry_after
+            and self.earliest_free() > 0
+        ):
+            self.gave_up_reason = "Retry-After longer than max_retry_after: failing over"
+            return True
+        limit = self.policy.backoff.max_wait_with_fallback
+        if (
+            self.has_fallback
+            and limit is not None
+            and isinstance(exc, AttemptFailed)
+            and exc.failure.retry_after is not None
+            and upcoming > limit
+            and self.earliest_free() > 0
+        ):
+            self.gave_up_reason = "Retry-After wait longer than max_wait_with_fallback: failing over"
+            return True
+        if upcoming + self.policy.min_attempt_time > self.deadline.remaining():
+            self.gave_up_reason = "no time left for another attempt: failing over"
+            return True
+        return False
+
+
+def build_retrying(
+    state: GroupRetryState,
+    clock: Clock,
+    before_sleep: Callable[[tenacity.RetryCallState], Awaitable[None] | None] | None = None,
+) -> tenacity.AsyncRetrying:
+    """A fresh tenacity loop for one call on one model group."""
+    return tenacity.AsyncRetrying(
+        retry=tenacity.retry_if_exception(state.should_retry),
+        wait=state.wait,
+        stop=state.stop,
+        sleep=clock.sleep,
+        before_sleep=before_sleep,
+        reraise=True,
+    )

@@ -1,0 +1,180 @@
+"""Error taxonomy: every exception LiteLLM, openai, httpx and aiohttp raise is classified once here.
+
+The engine acts on the class, never on exception types, so a new provider quirk is fixed in one
+place. The class -> action table lives in :mod:`llm_resilience_plugin.policy` (``classes``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import re
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from llm_resilience_plugin.errors import (
+    BudgetExceededError,
+    CircuitOpenError,
+    ErrorClass,
+    Failure,
+    StreamInterruptedError,
+)
+
+_CONTENT_POLICY_RE = re.compile(
+    r"content[ _-]?(management )?polic|content[ _]filter|safety system|responsible ?ai|"
+    r"flagged|prohibited content",
+    re.IGNORECASE,
+)
+_CONTEXT_RE = re.compile(
+    r"context[ _]length|maximum context|context window|prompt is too long|too many tokens|"
+    r"input is too long|reduce the length",
+    re.IGNORECASE,
+)
+_QUOTA_RE = re.compile(r"insufficient_quota|exceeded your current quota|billing", re.IGNORECASE)
+_CONNECTION_RE = re.compile(
+    r"connection error|connection reset|connection refused|server disconnected|"
+    r"connection aborted|remote end closed|peer closed",
+    re.IGNORECASE,
+)
+
+
+def parse_retry_after(value: Any, now: float | None = None) -> float | None:
+    """Seconds to wait from a Retry-After value: delta-seconds or an HTTP-date (RFC 9110)."""
+    if value is None:
+        return None
+    text = str(value).strip()
+    if not text:
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(text)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when is None:
+            return None
+        seconds = when.timestamp() - (time.time() if now is None else now)
+    if seconds != seconds:  # NaN
+        return None
+    return max(0.0, seconds)
+
+
+def _headers_of(exc: BaseException) -> Mapping[str, Any] | None:
+    for attr in ("litellm_response_headers", "headers"):
+        h = getattr(exc, attr, None)
+        if h:
+            return h  # type: ignore[no-any-return]
+    resp = getattr(exc, "response", None)
+    h = getattr(resp, "headers", None)
+    return h if h else None  # type: ignore[no-any-return]
+
+
+def retry_after_of(exc: BaseException) -> float | None:
+    """The Retry-After an error carries (``retry-after-ms`` too), in seconds."""
+    headers = _headers_of(exc)
+    if not headers:
+        return None
+    try:
+        lowered = {str(k).lower(): v for k, v in dict(headers).items()}
+    except (TypeError, ValueError):
+        return None
+    ms = lowered.get("retry-after-ms")
+    if ms is not None:
+        try:
+            return max(0.0, float(ms) / 1000.0)
+        except ValueError:
+            pass
+    return parse_retry_after(lowered.get("retry-after"))
+
+
+def _status_of(exc: BaseException) -> int | None:
+    status = getattr(exc, "status_code", None)
+    if status is None:
+        status = getattr(getattr(exc, "response", None), "status_code", None)
+    try:
+        return int(status) if status is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _message_of(exc: BaseException) -> str:
+    msg = getattr(exc, "message", None)
+    text = msg if isinstance(msg, str) and msg else str(exc)
+    # LiteLLM appends a paragraph about its own fallbacks, which are off here.
+    text = text.split("\n\nLiteLLM: model group")[0]
+    return text.strip()[:500]
+
+
+def _class_of(exc: BaseException, status: int | None, message: str) -> ErrorClass:
+    # Imported lazily: importing this module must stay cheap and never pull litellm in early.
+    import httpx
+    import litellm
+    import openai
+
+    if isinstance(exc, BudgetExceededError):
+        return ErrorClass.BUDGET
+    if isinstance(exc, CircuitOpenError):
+        return ErrorClass.CIRCUIT_OPEN
+    if isinstance(exc, litellm.ContextWindowExceededError):
+        return ErrorClass.CONTEXT_WINDOW
+    if isinstance(exc, litellm.ContentPolicyViolationError):
+        return ErrorClass.CONTENT_POLICY
+    from litellm.types.router import RouterRateLimitError, RouterRateLimitErrorBasic
+
+    if isinstance(exc, RouterRateLimitError | RouterRateLimitErrorBasic):
+        return ErrorClass.CIRCUIT_OPEN  # LiteLLM found no deployment to send to
+    if isinstance(
+        exc,
+        litellm.Timeout
+        | openai.APITimeoutError
+        | httpx.TimeoutException
+        | asyncio.TimeoutError
+        | TimeoutError,
+    ):
+        return ErrorClass.TIMEOUT
+    if status == 408:
+        return ErrorClass.TIMEOUT
+    if status == 429 or isinstance(exc, litellm.RateLimitError | openai.RateLimitError):
+        return ErrorClass.AUTH if _QUOTA_RE.search(message) else ErrorClass.RATE_LIMIT
+    if status in (401, 403) or isinstance(exc, litellm.AuthenticationError | litellm.PermissionDeniedError):
+        return ErrorClass.AUTH
+    if isinstance(exc, litellm.APIConnectionError | openai.APIConnectionError) or isinstance(
+        exc, httpx.TransportError | ConnectionError
+    ):
+        return ErrorClass.CONNECTION
+    if status is not None and status >= 500:
+        # Refused connections surface as InternalServerError("Connection error.").
+        return ErrorClass.CONNECTION if _CONNECTION_RE.search(message) else ErrorClass.SERVER
+    if status in (400, 404, 409, 413, 422) or isinstance(
+        exc, litellm.BadRequestError | litellm.NotFoundError | openai.BadRequestError
+    ):
+        if _CONTEXT_RE.search(message) or status == 413:
+            return ErrorClass.CONTEXT_WINDOW
+        if _CONTENT_POLICY_RE.search(message):
+            return ErrorClass.CONTENT_POLICY
+        if _QUOTA_RE.search(message):
+            return ErrorClass.AUTH
+        return ErrorClass.BAD_REQUEST
+    try:
+        import aiohttp
+
+        if isinstance(exc, aiohttp.ClientConnectionError | aiohttp.ClientPayloadError):
+            return ErrorClass.CONNECTION
+    except ImportError:  # pragma: no cover - aiohttp is a dependency
+        pass
+    if _CONNECTION_RE.search(message):
+        return ErrorClass.CONNECTION
+    return ErrorClass.UNKNOWN
+
+
+def classify(exc: BaseException) -> Failure:
+    """Classify ``exc`` into one :class:`Failure` (class, status, message, Retry-After)."""
+    if isinstance(exc, StreamInterruptedError):
+        return classify(exc.cause)
+    status = _status_of(exc)
+    message = _message_of(exc)
+    error_class = _class_of(exc, status, message)
+    retry_after = retry_after_of(exc) if error_class in (ErrorClass.RATE_LIMIT, ErrorClass.SERVER) else None
+    return Failure(error_class, status, message, retry_after, exc)

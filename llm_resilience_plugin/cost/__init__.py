@@ -1,0 +1,47 @@
+"""The cost guard: prices, budgets reserved before a call and settled after, spend ledgers."""
+
+from llm_resilience_plugin.cost._guard import (
+    Budget,
+    BudgetAlert,
+    CostGuard,
+    Price,
+    PriceBook,
+    Ticket,
+    coerce_price,
+)
+from llm_resilience_plugin.cost._ledger import (
+    NANO,
+    BudgetKey,
+    KeyUsage,
+    Ledger,
+    MemoryLedger,
+    Reservation,
+    SpendEntry,
+    SpendReport,
+    SQLiteLedger,
+    from_nano,
+    open_ledger,
+    to_nano,
+)
+
+__all__ = [
+    "NANO",
+    "Budget",
+    "BudgetAlert",
+    "BudgetKey",
+    "CostGuard",
+    "KeyUsage",
+    "Ledger",
+    "MemoryLedger",
+    "Price",
+    "PriceBook",
+    "Reservation",
+    "SQLiteLedger",
+    "SpendEntry",
+    "SpendReport",
+    "Ticket",
+    "coerce_price",
+    "from_nano",
+    "open_ledger",
+    "to_nano",
+]

@@ -1,0 +1,863 @@
+"""Where the cost guard keeps its money: reservations, settled spend, alerts, a spend log.
+
+A :class:`Ledger` knows nothing about budgets, periods or prices. It keeps, per *budget key*
+(one budget x one scope value x one window, e.g. ``tenant`` / ``tenant=acme`` / ``2026-11-30``),
+two sums - ``spent`` and ``reserved`` - and offers five operations:
+
+* :meth:`Ledger.reserve` - add ``amount`` to ``reserved`` of N keys at once, atomically, or
+  refuse with :class:`~llm_resilience_plugin.errors.BudgetExceededError` (nothing changes) if
+  ``spent + reserved + amount > limit`` for any of them;
+* :meth:`Ledger.settle` - turn a reservation into actual spend (and log a :class:`SpendEntry`);
+* :meth:`Ledger.release` - drop a reservation (the attempt cost nothing);
+* :meth:`Ledger.usage` / :meth:`Ledger.list_usage` / :meth:`Ledger.entries` - queries;
+* :meth:`Ledger.mark_alert` - "has this alert fired for this key?" as an atomic test-and-set.
+
+Money is kept as integer nano-dollars (1e-9 $) so sums are exact whatever the order of
+additions; the API speaks float dollars. Reservations carry an expiry: a process that dies
+between reserve and settle does not hold budget forever (the next reserve reaps it).
+
+:class:`MemoryLedger` (one process) and :class:`SQLiteLedger` (WAL, ``BEGIN IMMEDIATE``: atomic
+across threads and processes on one machine, survives restarts) implement it; a Redis backend
+implements the same abstract methods (a Lua script for ``reserve``/``settle``/``release``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sqlite3
+import threading
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from llm_resilience_plugin.errors import BudgetExceededError, ConfigError
+
+NANO = 1_000_000_000
+
+
+def to_nano(dollars: float) -> int:
+    """Dollars -> integer nano-dollars, rounded up (reservations and spend are never understated).
+
+    The value is first rounded to 1e-3 nano-dollars so float noise (``13 * 1.5e-7`` is
+    ``1.9500000000000002e-06``) does not round a whole nano-dollar up.
+    """
+    return math.ceil(round(float(dollars) * NANO, 3))
+
+
+def from_nano(units: int) -> float:
+    return units / NANO
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetKey:
+    """One budget x one scope value x one window: the unit the ledger counts.
+
+    ``scope`` is ``""`` for a global budget, ``"tenant=acme"`` for a scoped one, ``"request=<id>"``
+    or ``"run=<id>"`` for per-request / per-run budgets. ``window`` is ``"2026-11-30"`` (a day),
+    ``"2026-11"`` (a month), ``"all"`` (no period) or ``"request"`` / ``"run"``.
+    ``expires_at`` (epoch seconds) lets the ledger forget the key once it is idle past that time
+    (``None``: kept forever).
+    """
+
+    budget: str
+    scope: str
+    window: str
+    limit: float
+    expires_at: float | None = None
+
+    @property
+    def id(self) -> str:
+        return f"{self.budget}\x1f{self.scope}\x1f{self.window}"
+
+    @property
+    def label(self) -> str:
+        """Human name, e.g. ``tenant/day[tenant=acme] 2026-11-30``, ``daily 2026-11-30``,
+        ``per_run[run=<id>]`` or ``per_request``."""
+        if self.window == "request":
+            return self.budget
+        scope = f"[{self.scope}]" if self.scope else ""
+        window = "" if self.window in ("all", "request", "run") else f" {self.window}"
+        return f"{self.budget}{scope}{window}"
+
+
+@dataclass(frozen=True, slots=True)
+class KeyUsage:
+    """Spend and outstanding reservations of one key (dollars)."""
+
+    budget: str
+    scope: str
+    window: str
+    spent: float
+    reserved: float
+    limit: float
+
+    @property
+    def remaining(self) -> float:
+        return max(0.0, self.limit - self.spent - self.reserved)
+
+    @property
+    def label(self) -> str:
+        return BudgetKey(self.budget, self.scope, self.window, self.limit).label
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "budget": self.budget,
+            "scope": self.scope or None,
+            "window": self.window,
+            "spent": self.spent,
+            "reserved": self.reserved,
+            "limit": self.limit,
+            "remaining": self.remaining,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """A reserved amount held against ``keys`` until settled or released."""
+
+    id: str
+    keys: tuple[BudgetKey, ...]
+    amount: float
+    created_at: float
+    expires_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class SpendEntry:
+    """One settled attempt, for reports (spend by day, model, deployment, scope)."""
+
+    ts: float
+    day: str
+    month: str
+    cost: float
+    model: str | None = None
+    model_group: str | None = None
+    deployment_id: str | None = None
+    scopes: Mapping[str, str] = field(default_factory=dict)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    request_id: str | None = None
+    estimated: bool = False  # settled at the estimate (no usage known)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ts": self.ts,
+            "day": self.day,
+            "month": self.month,
+            "cost": self.cost,
+            "model": self.model,
+            "model_group": self.model_group,
+            "deployment_id": self.deployment_id,
+            "scopes": dict(self.scopes),
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "request_id": self.request_id,
+            "estimated": self.estimated,
+        }
+
+
+@dataclass(slots=True)
+class SpendReport:
+    """Settled spend aggregated from the spend log, plus the current state of budgets."""
+
+    total: float = 0.0
+    calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    by_day: dict[str, float] = field(default_factory=dict)
+    by_month: dict[str, float] = field(default_factory=dict)
+    by_model: dict[str, float] = field(default_factory=dict)
+    by_model_group: dict[str, float] = field(default_factory=dict)
+    by_deployment: dict[str, float] = field(default_factory=dict)
+    by_scope: dict[str, float] = field(default_factory=dict)
+    budgets: list[KeyUsage] = field(default_factory=list)
+
+    @classmethod
+    def from_entries(cls, entries: Iterable[SpendEntry]) -> SpendReport:
+        nano: dict[str, dict[str, int]] = {
+            k: {} for k in ("day", "month", "model", "group", "deployment", "scope")
+        }
+        total = 0
+        rep = cls()
+
+        def add(kind: str, key: str | None, units: int) -> None:
+            if key is None:
+                return
+            d = nano[kind]
+            d[key] = d.get(key, 0) + units
+
+        for e in entries:
+            units = to_nano(e.cost)
+            total += units
+            rep.calls += 1
+            rep.prompt_tokens += e.prompt_tokens
+            rep.completion_tokens += e.completion_tokens
+            add("day", e.day, units)
+            add("month", e.month, units)
+            add("model", e.model, units)
+            add("group", e.model_group, units)
+            add("deployment", e.deployment_id, units)
+            for k, v in e.scopes.items():
+                add("scope", f"{k}={v}", units)
+        rep.total = from_nano(total)
+
+        def dollars(kind: str) -> dict[str, float]:
+            return {k: from_nano(v) for k, v in sorted(nano[kind].items())}
+
+        rep.by_day = dollars("day")
+        rep.by_month = dollars("month")
+        rep.by_model = dollars("model")
+        rep.by_model_group = dollars("group")
+        rep.by_deployment = dollars("deployment")
+        rep.by_scope = dollars("scope")
+        return rep
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "total": self.total,
+            "calls": self.calls,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "by_day": self.by_day,
+            "by_month": self.by_month,
+            "by_model": self.by_model,
+            "by_model_group": self.by_model_group,
+            "by_deployment": self.by_deployment,
+            "by_scope": self.by_scope,
+            "budgets": [b.to_dict() for b in self.budgets],
+        }
+
+    def __str__(self) -> str:
+        lines = [f"total ${self.total:.6f} over {self.calls} settled call(s)"]
+        for title, table in (
+            ("by day", self.by_day),
+            ("by model", self.by_model),
+            ("by deployment", self.by_deployment),
+            ("by scope", self.by_scope),
+        ):
+            if table:
+                lines.append(f"{title}:")
+                lines.extend(f"  {k:<32} ${v:.6f}" for k, v in table.items())
+        if self.budgets:
+            lines.append("budgets (current windows):")
+            for b in self.budgets:
+                lines.append(
+                    f"  {b.label:<32} spent ${b.spent:.6f} reserved ${b.reserved:.6f}"
+                    f" of ${b.limit:.6f} (remaining ${b.remaining:.6f})"
+                )
+        return "\n".join(lines)
+
+
+def _refusal(key: BudgetKey, spent: int, reserved: int, amount: int) -> BudgetExceededError:
+    err = BudgetExceededError(key.label, from_nano(spent + reserved), from_nano(amount), float(key.limit))
+    err.budget_name = key.budget  # type: ignore[attr-defined]
+    err.scope = key.scope  # type: ignore[attr-defined]
+    err.window = key.window  # type: ignore[attr-defined]
+    err.settled = from_nano(spent)  # type: ignore[attr-defined]
+    err.in_flight = from_nano(reserved)  # type: ignore[attr-defined]
+    return err
+
+
+class Ledger(ABC):
+    """Storage for the cost guard. Implementations must make :meth:`reserve` atomic over all
+    keys it is given (check every key, then add to every key, or change nothing)."""
+
+    @abstractmethod
+    def reserve(self, keys: Sequence[BudgetKey], amount: float, *, now: float, ttl: float) -> Reservation:
+        """Hold ``amount`` against every key or raise ``BudgetExceededError`` naming the first
+        key it does not fit (its label, spend incl. in-flight reservations, amount, limit)."""
+
+    @abstractmethod
+    def settle(
+        self, reservation: Reservation, actual: float, entry: SpendEntry | None = None
+    ) -> list[KeyUsage]:
+        """Replace the reservation by ``actual`` spend on its keys; returns their new usage.
+
+        Settling a reservation that was already reaped (expired) still records the spend."""
+
+    @abstractmethod
+    def release(self, reservation: Reservation) -> None:
+        """Drop the reservation (idempotent)."""
+
+    @abstractmethod
+    def usage(self, keys: Sequence[BudgetKey]) -> list[KeyUsage]:
+        """Current usage of ``keys`` (zero for keys never seen)."""
+
+    @abstractmethod
+    def list_usage(self, budget: str | None = None, window: str | None = None) -> list[KeyUsage]:
+        """Every key the ledger holds, optionally filtered by budget name and window."""
+
+    @abstractmethod
+    def entries(self, since: float | None = None, until: float | None = None) -> list[SpendEntry]:
+        """The spend log between ``since`` (inclusive) and ``until`` (exclusive), by time."""
+
+    @abstractmethod
+    def mark_alert(self, key: BudgetKey, threshold: float) -> bool:
+        """Record that the ``threshold`` alert fired for ``key``; False if it already had."""
+
+    def report(self, since: float | None = None, until: float | None = None) -> SpendReport:
+        return SpendReport.from_entries(self.entries(since, until))
+
+    def prune(self, now: float) -> None:  # noqa: B027 - optional
+        """Forget idle keys past their ``expires_at`` and reap expired reservations."""
+
+    def close(self) -> None:  # noqa: B027 - optional
+        """Release resources (connections)."""
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# -- in memory ------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Row:
+    key: BudgetKey
+    spent: int = 0
+    reserved: int = 0
+
+
+class MemoryLedger(Ledger):
+    """A ledger in this process's memory (thread-safe; lost on exit)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._rows: dict[str, _Row] = {}
+        self._reservations: dict[str, Reservation] = {}
+        self._entries: list[SpendEntry] = []
+        self._alerts: set[tuple[str, float]] = set()
+        self._next_reap = 0.0
+
+    def _row(self, key: BudgetKey) -> _Row:
+        row = self._rows.get(key.id)
+        if row is None:
+            row = self._rows[key.id] = _Row(key)
+            return row
+        old = row.key
+        exp = key.expires_at
+        if exp is not None and old.expires_at is not None:
+            exp = max(exp, old.expires_at)
+        if old.limit != key.limit or old.expires_at != exp:
+            row.key = BudgetKey(key.budget, key.scope, key.window, key.limit, exp)
+        return row
+
+    def reserve(self, keys: Sequence[BudgetKey], amount: float, *, now: float, ttl: float) -> Reservation:
+        units = to_nano(amount)
+        with self._lock:
+            if now >= self._next_reap:
+                self._reap(now)
+            rows = [self._row(k) for k in keys]
+            for k, row in zip(keys, rows, strict=True):
+                if row.spent + row.reserved + units > to_nano(k.limit):
+                    raise _refusal(k, row.spent, row.reserved, units)
+            for row in rows:
+                row.reserved += units
+            res = Reservation(uuid.uuid4().hex, tuple(keys), from_nano(units), now, now + ttl)
+            self._reservations[res.id] = res
+            return res
+
+    def _reap(self, now: float) -> None:
+        self._next_reap = now + 1.0
+        for rid, res in list(self._reservations.items()):
+            if res.expires_at <= now:
+                self._drop(rid)
+        for kid, row in list(self._rows.items()):
+            exp = row.key.expires_at
+            if exp is not None and exp <= now and row.reserved == 0:
+                del self._rows[kid]
+
+    def _drop(self, rid: str) -> bool:
+        res = self._reservations.pop(rid, None)
+        if res is None:
+            return False
+        units = to_nano(res.amount)
+        for k in res.keys:
+            row = self._rows.get(k.id)
+            if row is not None:
+                row.reserved = max(0, row.reserved - units)
+        return True
+
+    def settle(
+        self, reservation: Reservation, actual: float, entry: SpendEntry | None = None
+    ) -> list[KeyUsage]:
+        units = to_nano(actual)
+        with self._lock:
+            self._drop(reservation.id)
+            out = []
+            for k in reservation.keys:
+                row = self._row(k)
+                row.spent += units
+                out.append(self._usage(row))
+            if entry is not None:
+                self._entries.append(entry)
+            return out
+
+    def release(self, reservation: Reservation) -> None:
+        with self._lock:
+            self._drop(reservation.id)
+
+    @staticmethod
+    def _usage(row: _Row) -> KeyUsage:
+        k = row.key
+        return KeyUsage(k.budget, k.scope, k.window, from_nano(row.spent), from_nano(row.reserved), k.limit)
+
+    def usage(self, keys: Sequence[BudgetKey]) -> list[KeyUsage]:
+        with self._lock:
+            out = []
+            for k in keys:
+                row = self._rows.get(k.id)
+                out.append(
+                    self._usage(row)
+                    if row is not None
+                    else KeyUsage(k.budget, k.scope, k.window, 0.0, 0.0, k.limit)
+                )
+            return out
+
+    def list_usage(self, budget: str | None = None, window: str | None = None) -> list[KeyUsage]:
+        with self._lock:
+            return [
+                self._usage(r)
+                for r in self._rows.values()
+                if (budget is None or r.key.budget == budget) and (window is None or r.key.window == window)
+            ]
+
+    def entries(self, since: float | None = None, until: float | None = None) -> list[SpendEntry]:
+        with self._lock:
+            return sorted(
+                (
+                    e
+                    for e in self._entries
+                    if (since is None or e.ts >= since) and (until is None or e.ts < until)
+                ),
+                key=lambda e: e.ts,
+            )
+
+    def mark_alert(self, key: BudgetKey, threshold: float) -> bool:
+        with self._lock:
+            marker = (key.id, float(threshold))
+            if marker in self._alerts:
+                return False
+            self._alerts.add(marker)
+            return True
+
+    def prune(self, now: float) -> None:
+        with self._lock:
+            self._reap(now)
+
+
+# -- SQLite ---------------------------------------------------------------------------------------
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS budget_keys (
+    id TEXT PRIMARY KEY,
+    budget TEXT NOT NULL,
+    scope TEXT NOT NULL,
+    win TEXT NOT NULL,
+    limit_nano INTEGER NOT NULL,
+    spent_nano INTEGER NOT NULL DEFAULT 0,
+    reserved_nano INTEGER NOT NULL DEFAULT 0,
+    expires_at REAL
+);
+CREATE INDEX IF NOT EXISTS budget_keys_budget ON budget_keys (budget, win);
+CREATE TABLE IF NOT EXISTS reservations (
+    id TEXT PRIMARY KEY,
+    keys TEXT NOT NULL,
+    amount_nano INTEGER NOT NULL,
+    created_at REAL NOT NULL,
+    expires_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS reservations_expiry ON reservations (expires_at);
+CREATE TABLE IF NOT EXISTS spend (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    ts REAL NOT NULL,
+    day TEXT NOT NULL,
+    month TEXT NOT NULL,
+    cost_nano INTEGER NOT NULL,
+    model TEXT,
+    model_group TEXT,
+    deployment_id TEXT,
+    scopes TEXT NOT NULL,
+    prompt_tokens INTEGER NOT NULL,
+    completion_tokens INTEGER NOT NULL,
+    request_id TEXT,
+    estimated INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS spend_ts ON spend (ts);
+CREATE TABLE IF NOT EXISTS alerts (
+    key_id TEXT NOT NULL,
+    threshold REAL NOT NULL,
+    PRIMARY KEY (key_id, threshold)
+);
+"""
+
+
+class SQLiteLedger(Ledger):
+    """A ledger in a SQLite file: WAL journal, every write in a ``BEGIN IMMEDIATE`` transaction.
+
+    Reserve is atomic across the threads of this process and across processes sharing the file
+    (on one machine; SQLite locking over network filesystems is unreliable). Each thread gets its
+    own connection; a forked child opens new ones. ``busy_timeout`` is how long a writer waits
+    for another process's transaction before ``sqlite3.OperationalError``.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, busy_timeout: float = 30.0) -> None:
+        if not isinstance(path, str | os.PathLike):
+            raise ConfigError("ledger", f"expected a SQLite file path, got {type(path).__name__}")
+        if isinstance(busy_timeout, bool) or not isinstance(busy_timeout, int | float):
+            raise ConfigError("busy_timeout", "must be a number of seconds")
+        self.path = str(path)
+        if self.path != ":memory:":
+            parent = Path(self.path).expanduser().resolve().parent
+            if not parent.is_dir():
+                raise ConfigError("ledger", f"directory {str(parent)!r} for the SQLite ledger does not exist")
+        self.busy_timeout = float(busy_timeout)
+        self._local = threading.local()
+        self._all: list[sqlite3.Connection] = []
+        self._all_lock = threading.Lock()
+        self._next_reap = 0.0
+        self._conn()  # create the schema now: a bad path fails at configuration time
+
+    # connections ---------------------------------------------------------------------------
+
+    def _conn(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        pid = os.getpid()
+        if conn is not None and getattr(self._local, "pid", None) == pid:
+            return conn
+        conn = sqlite3.connect(
+            self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False
+        )
+        conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = NORMAL")
+        with _immediate(conn):
+            for stmt in _SCHEMA.split(";"):
+                if stmt.strip():
+                    conn.execute(stmt)
+        self._local.conn = conn
+        self._local.pid = pid
+        with self._all_lock:
+            self._all.append(conn)
+        return conn
+
+    def close(self) -> None:
+        with self._all_lock:
+            conns, self._all = self._all, []
+        for c in conns:
+            try:
+                c.close()
+            except sqlite3.Error:  # pragma: no cover - closing from another thread
+                pass
+        self._local = threading.local()
+
+    # operations ----------------------------------------------------------------------------
+
+    @staticmethod
+    def _upsert(conn: sqlite3.Connection, key: BudgetKey) -> tuple[int, int]:
+        conn.execute(
+            "INSERT INTO budget_keys (id, budget, scope, win, limit_nano, expires_at)"
+            " VALUES (?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT (id) DO UPDATE SET limit_nano = excluded.limit_nano,"
+            " expires_at = CASE WHEN excluded.expires_at IS NULL OR expires_at IS NULL"
+            " THEN excluded.expires_at ELSE max(expires_at, excluded.expires_at) END",
+            (key.id, key.budget, key.scope, key.window, to_nano(key.limit), key.expires_at),
+        )
+        row = conn.execute(
+            "SELECT spent_nano, reserved_nano FROM budget_keys WHERE id = ?", (key.id,)
+        ).fetchone()
+        return int(row[0]), int(row[1])
+
+    def reserve(self, keys: Sequence[BudgetKey], amount: float, *, now: float, ttl: float) -> Reservation:
+        units = to_nano(amount)
+        conn = self._conn()
+        with _immediate(conn):
+            if now >= self._next_reap:
+                self._reap(conn, now)
+            for k in keys:
+                spent, reserved = self._upsert(conn, k)
+                if spent + reserved + units > to_nano(k.limit):
+                    raise _refusal(k, spent, reserved, units)  # rolls back
+            conn.executemany(
+                "UPDATE budget_keys SET reserved_nano = reserved_nano + ? WHERE id = ?",
+                [(units, k.id) for k in keys],
+            )
+            res = Reservation(uuid.uuid4().hex, tuple(keys), from_nano(units), now, now + ttl)
+            conn.execute(
+                "INSERT INTO reservations (id, keys, amount_nano, created_at, expires_at)"
+                " VALUES (?, ?, ?, ?, ?)",
+                (res.id, json.dumps([k.id for k in keys]), units, now, res.expires_at),
+            )
+            return res
+
+    @staticmethod
+    def _drop(conn: sqlite3.Connection, rid: str) -> bool:
+        row = conn.execute("SELECT keys, amount_nano FROM reservations WHERE id = ?", (rid,)).fetchone()
+        if row is None:
+            return False
+        conn.execute("DELETE FROM reservations WHERE id = ?", (rid,))
+        conn.executemany(
+            "UPDATE budget_keys SET reserved_nano = max(0, reserved_nano - ?) WHERE id = ?",
+            [(int(row[1]), kid) for kid in json.loads(row[0])],
+        )
+        return True
+
+    def _reap(self, conn: sqlite3.Connection, now: float) -> None:
+        self._next_reap = now + 1.0
+        for (rid,) in conn.execute("SELECT id FROM reservations WHERE expires_at <= ?", (now,)).fetchall():
+            self._drop(conn, rid)
+        conn.execute(
+            "DELETE FROM budget_keys WHERE expires_at IS NOT NULL AND expires_at <= ? AND reserved_nano = 0",
+            (now,),
+        )
+
+    def settle(
+        self, reservation: Reservation, actual: float, entry: SpendEntry | None = None
+    ) -> list[KeyUsage]:
+        units = to_nano(actual)
+        conn = self._conn()
+        with _immediate(conn):
+            self._drop(conn, reservation.id)
+            for k in reservation.keys:
+                self._upsert(conn, k)
+            conn.executemany(
+                "UPDATE budget_keys SET spent_nano = spent_nano + ? WHERE id = ?",
+                [(units, k.id) for k in reservation.keys],
+            )
+            if entry is not None:
+                conn.execute(
+                    "INSERT INTO spend (ts, day, month, cost_nano, model, model_group,"
+                    " deployment_id, scopes, prompt_tokens, completion_tokens, request_id,"
+                    " estimated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        entry.ts,
+                        entry.day,
+                        entry.month,
+                        to_nano(entry.cost),
+                        entry.model,
+                        entry.model_group,
+                        entry.deployment_id,
+                        json.dumps(dict(entry.scopes), sort_keys=True),
+                        int(entry.prompt_tokens),
+                        int(entry.completion_tokens),
+                        entry.request_id,
+                        int(entry.estimated),
+                    ),
+                )
+            return self._select(conn, [k.id for k in reservation.keys])
+
+    def release(self, reservation: Reservation) -> None:
+        conn = self._conn()
+        with _immediate(conn):
+            self._drop(conn, reservation.id)
+
+    @staticmethod
+    def _rows(conn: sqlite3.Connection, ids: Sequence[str]) -> dict[str, KeyUsage]:
+        if not ids:
+            return {}
+        marks = ",".join("?" * len(ids))
+        return {
+            r[0]: _key_usage(r)
+            for r in conn.execute(
+                "SELECT id, budget, scope, win, spent_nano, reserved_nano, limit_nano"
+                f" FROM budget_keys WHERE id IN ({marks})",
+                list(ids),
+            )
+        }
+
+    @classmethod
+    def _select(cls, conn: sqlite3.Connection, ids: Sequence[str]) -> list[KeyUsage]:
+        rows = cls._rows(conn, ids)
+        return [rows[i] for i in ids if i in rows]
+
+    def usage(self, keys: Sequence[BudgetKey]) -> list[KeyUsage]:
+        found = self._rows(self._conn(), [k.id for k in keys])
+        return [found.get(k.id) or KeyUsage(k.budget, k.scope, k.window, 0.0, 0.0, k.limit) for k in keys]
+
+    def list_usage(self, budget: str | None = None, window: str | None = None) -> list[KeyUsage]:
+        sql = (
+            "SELECT id, budget, scope, win, spent_nano, reserved_nano, limit_nano FROM budget_keys WHERE 1=1"
+        )
+        args: list[Any] = []
+        if budget is not None:
+            sql += " AND budget = ?"
+            args.append(budget)
+        if window is not None:
+            sql += " AND win = ?"
+            args.append(window)
+        return [_key_usage(r) for r in self._conn().execute(sql + " ORDER BY id", args)]
+
+    def entries(self, since: float | None = None, until: float | None = None) -> list[SpendEntry]:
+        sql = (
+            "SELECT ts, day, month, cost_nano, model, model_group, deployment_id, scopes,"
+            " prompt_tokens, completion_tokens, request_id, estimated FROM spend WHERE 1=1"
+        )
+        args: list[Any] = []
+        if since is not None:
+            sql += " AND ts >= ?"
+            args.append(since)
+        if until is not None:
+            sql += " AND ts < ?"
+            args.append(until)
+        return [
+            SpendEntry(
+                ts=r[0],
+                day=r[1],
+                month=r[2],
+                cost=from_nano(r[3]),
+                model=r[4],
+                model_group=r[5],
+                deployment_id=r[6],
+                scopes=json.loads(r[7]),
+                prompt_tokens=r[8],
+                completion_tokens=r[9],
+                request_id=r[10],
+                estimated=bool(r[11]),
+            )
+            for r in self._conn().execute(sql + " ORDER BY ts, seq", args)
+        ]
+
+    def report(self, since: float | None = None, until: float | None = None) -> SpendReport:
+        """Aggregated in SQL (the spend log may hold millions of rows)."""
+        where, args = "WHERE 1=1", []
+        if since is not None:
+            where += " AND ts >= ?"
+            args.append(since)
+        if until is not None:
+            where += " AND ts < ?"
+            args.append(until)
+        conn = self._conn()
+        rep = SpendReport()
+        total, calls, pt, ct = conn.execute(
+            "SELECT coalesce(sum(cost_nano), 0), count(*), coalesce(sum(prompt_tokens), 0),"
+            f" coalesce(sum(completion_tokens), 0) FROM spend {where}",
+            args,
+        ).fetchone()
+        rep.total, rep.calls, rep.prompt_tokens, rep.completion_tokens = (
+            from_nano(int(total)), int(calls), int(pt), int(ct)
+        )  # fmt: skip
+
+        def grouped(column: str) -> dict[str, float]:
+            rows = conn.execute(
+                f"SELECT {column}, sum(cost_nano) FROM spend {where} AND {column} IS NOT NULL"
+                f" GROUP BY {column} ORDER BY {column}",
+                args,
+            )
+            return {str(k): from_nano(int(v)) for k, v in rows}
+
+        rep.by_day = grouped("day")
+        rep.by_month = grouped("month")
+        rep.by_model = grouped("model")
+        rep.by_model_group = grouped("model_group")
+        rep.by_deployment = grouped("deployment_id")
+        rep.by_scope = {
+            str(k): from_nano(int(v))
+            for k, v in conn.execute(
+                "SELECT j.key || '=' || j.value AS scope, sum(spend.cost_nano)"
+                f" FROM spend, json_each(spend.scopes) AS j {where} GROUP BY scope ORDER BY scope",
+                args,
+            )
+        }
+        return rep
+
+    def mark_alert(self, key: BudgetKey, threshold: float) -> bool:
+        conn = self._conn()
+        with _immediate(conn):
+            cur = conn.execute(
+                "INSERT OR IGNORE INTO alerts (key_id, threshold) VALUES (?, ?)",
+                (key.id, float(threshold)),
+            )
+            return cur.rowcount == 1
+
+    def prune(self, now: float) -> None:
+        conn = self._conn()
+        with _immediate(conn):
+            self._reap(conn, now)
+            conn.execute("DELETE FROM alerts WHERE key_id NOT IN (SELECT id FROM budget_keys)")
+
+    def __repr__(self) -> str:
+        return f"SQLiteLedger({self.path!r})"
+
+
+def _key_usage(r: Sequence[Any]) -> KeyUsage:
+    return KeyUsage(
+        budget=r[1],
+        scope=r[2],
+        window=r[3],
+        spent=from_nano(int(r[4])),
+        reserved=from_nano(int(r[5])),
+        limit=from_nano(int(r[6])),
+    )
+
+
+class _immediate:
+    """``BEGIN IMMEDIATE`` ... ``COMMIT`` (``ROLLBACK`` on any exception)."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+
+    def __enter__(self) -> sqlite3.Connection:
+        self.conn.execute("BEGIN IMMEDIATE")
+        return self.conn
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.conn.execute("COMMIT")
+        else:
+            self.conn.execute("ROLLBACK")
+
+
+def open_ledger(spec: Ledger | str | os.PathLike[str] | None) -> Ledger:
+    """A ledger from ``None``/``"memory"`` (in memory), ``"sqlite:///path/to/spend.db"``
+    (``sqlite:////abs/path`` for an absolute path), a plain ``*.db``/``*.sqlite`` path,
+    ``"redis://host:6379/0"`` (:class:`~llm_resilience_plugin.redis_state.RedisLedger`), or a
+    :class:`Ledger` instance."""
+    if spec is None:
+        return MemoryLedger()
+    if isinstance(spec, Ledger):
+        return spec
+    if isinstance(spec, os.PathLike):
+        return SQLiteLedger(spec)
+    if not isinstance(spec, str):
+        raise ConfigError(
+            "ledger",
+            f"expected 'memory', 'sqlite:///path.db' or a Ledger instance, got {type(spec).__name__}",
+        )
+    if spec in ("memory", "memory://", ":memory:"):
+        return MemoryLedger()
+    if spec.startswith("sqlite:///"):
+        return SQLiteLedger(spec[len("sqlite:///") :])
+    if spec.startswith(("redis://", "rediss://", "unix://")):
+        from llm_resilience_plugin.shared_state._redis import RedisLedger  # needs the redis extra
+
+        return RedisLedger(spec)
+    if spec.endswith((".db", ".sqlite", ".sqlite3")):
+        return SQLiteLedger(spec)
+    raise ConfigError(
+        "ledger",
+        f"unknown ledger {spec!r}; use 'memory', 'sqlite:///path/to/spend.db', 'redis://host:6379' "
+        "or a Ledger instance",
+    )
+
+
+__all__ = [
+    "NANO",
+    "BudgetKey",
+    "KeyUsage",
+    "Ledger",
+    "MemoryLedger",
+    "Reservation",
+    "SQLiteLedger",
+    "SpendEntry",
+    "SpendReport",
+    "from_nano",
+    "open_ledger",
+]

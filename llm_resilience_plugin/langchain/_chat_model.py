@@ -1,0 +1,730 @@
+"""ResilientChatModel: a LangChain chat model backed by a :class:`ResilientRouter` model group.
+
+Every LangChain entry point (``invoke``, ``ainvoke``, ``batch``, ``stream``, ``astream``,
+``astream_events``, LangGraph) goes through the router, so retries, breakers, fallbacks and the
+deadline apply on both the generate and the stream paths; ``with_retry`` is never needed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import warnings
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
+from operator import itemgetter
+from pathlib import Path
+from typing import Any, Literal
+
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+from langchain_core.language_models import BaseChatModel, LangSmithParams
+from langchain_core.language_models.base import LanguageModelInput
+from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
+from langchain_core.output_parsers.base import OutputParserLike
+from langchain_core.output_parsers.openai_tools import (
+    JsonOutputKeyToolsParser,
+    PydanticToolsParser,
+)
+from langchain_core.outputs import ChatGenerationChunk, ChatResult
+from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
+from langchain_core.tools import BaseTool
+from langchain_core.utils.function_calling import convert_to_openai_tool
+from langchain_core.utils.pydantic import is_basemodel_subclass
+from pydantic import AliasChoices, BaseModel, Field, PrivateAttr, SecretStr, field_validator
+
+from llm_resilience_plugin.errors import ConfigError, UnknownModelGroupError
+from llm_resilience_plugin.events import CallReport, hidden_params_of
+from llm_resilience_plugin.langchain._bridge import (
+    EventSink,
+    bridge_router,
+    config_deadline,
+    find_run_manager,
+)
+from llm_resilience_plugin.langchain._convert import (
+    StreamAssembler,
+    generations_from_response,
+    json_safe,
+    to_openai_messages,
+)
+from llm_resilience_plugin.policy import (
+    ClassPolicy,
+    ResiliencePolicy,
+    RouterSpec,
+    build_spec,
+    load_config,
+    spec_from_mapping,
+)
+from llm_resilience_plugin.routing._router import ResilientRouter, get_report
+
+CONFIG_ENV = "LLM_RESILIENCE_CONFIG"
+API_KEY_ENV = "LLM_RESILIENCE_API_KEY"
+
+_TOOL_CHOICE_KEYWORDS = frozenset({"auto", "none", "required"})
+# LangChain-level kwargs that never go to the provider.
+# The RunnableConfig of the call in progress: BaseChatModel.invoke/stream do not hand
+# `configurable` down to _generate/_stream, and the deadline may be there.
+_RUN_CONFIG: ContextVar[Mapping[str, Any] | None] = ContextVar("llm_resilience_run_config", default=None)
+
+_LC_ONLY_KWARGS = frozenset({"stream", "ls_structured_output_format", "run_manager"})
+
+
+def _apply_max_retries(policy: ResiliencePolicy, n: int) -> ResiliencePolicy:
+    """Set every retried error class's ``max_retries`` to ``n`` (failover/fail classes unchanged)."""
+
+    def remap(classes: Mapping[Any, ClassPolicy]) -> dict[Any, ClassPolicy]:
+        return {
+            k: (cp.model_copy(update={"max_retries": n}) if cp.action == "retry" else cp)
+            for k, cp in classes.items()
+        }
+
+    groups = {name: g.model_copy(update={"classes": remap(g.classes)}) for name, g in policy.groups.items()}
+    return policy.model_copy(update={"classes": remap(policy.classes), "groups": groups})
+
+
+_SECRET_WORDS = ("key", "secret", "token", "password", "credential")
+
+
+def _has_literal_secret(value: Any) -> bool:
+    """Does a config/model_list hold a credential literally (not as ``os.environ/NAME``)?"""
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            name = str(k).lower().replace("per_token", "")
+            if isinstance(v, str) and any(w in name for w in _SECRET_WORDS):
+                if v and not v.startswith("os.environ/"):
+                    return True
+            elif _has_literal_secret(v):
+                return True
+        return False
+    if isinstance(value, list | tuple):
+        return any(_has_literal_secret(v) for v in value)
+    return False
+
+
+class ResilientChatModel(BaseChatModel):
+    """A LangChain chat model over one model group of a :class:`ResilientRouter`.
+
+    Build it from an existing router, a LiteLLM config (YAML path or parsed mapping, with an
+    optional ``resilience:`` section) or a ``model_list``::
+
+        llm = ResilientChatModel(router=router, model="primary")
+        llm = ResilientChatModel.from_config("router.yaml", model="primary")
+        llm = ResilientChatModel(model_list=[...], model="primary", fallbacks=[{"primary": ["backup"]}])
+
+    With none of these, the config path is read from ``$LLM_RESILIENCE_CONFIG``. An unknown
+    model group raises :class:`UnknownModelGroupError` at construction.
+
+    Standard parameters: ``temperature``, ``max_tokens``, ``top_p``, ``stop`` and
+    ``model_kwargs`` are sent with every request (per-call kwargs override them, and a per-call
+    ``model=`` selects another model group). ``timeout`` is the call's total deadline in seconds
+    (every attempt, backoff sleep and fallback fits inside it; per-attempt timeouts come from the
+    policy). ``max_retries`` sets the retry count of every retried error class in a router this
+    model builds; with ``router=`` the router's policy governs and ``max_retries`` is ignored
+    with a warning. ``api_key`` fills deployments that carry no key of their own (routers built
+    here only).
+
+    Response metadata: ``model_name`` (the model that answered, after any fallback),
+    ``model_group``, ``model_id`` (the deployment id), ``finish_reason``, ``response_cost`` and
+    ``resilience`` (the call report: every attempt, retries, fallbacks, latency).
+    """
+
+    model: str = Field(validation_alias=AliasChoices("model", "model_name"))
+    """The model group to call (a ``model_name`` of the router's ``model_list``)."""
+
+    router: ResilientRouter | None = Field(default=None, exclude=True, repr=False)
+    """An existing router to use (shared breakers, budgets and events)."""
+    config: str | dict[str, Any] | None = Field(default=None, repr=False)
+    """A LiteLLM proxy-style config: a YAML path, or its parsed mapping."""
+    model_list: list[dict[str, Any]] | None = Field(default=None, repr=False)
+    """A LiteLLM ``model_list`` to build a router from."""
+    policy: dict[str, Any] | None = None
+    """The resilience policy (a :class:`ResiliencePolicy` or its mapping) for a router built
+    from ``model_list``."""
+    fallbacks: list[dict[str, Any]] | dict[str, Any] | None = None
+    """Fallback groups for a router built from ``model_list`` (LiteLLM's format)."""
+    router_settings: dict[str, Any] | None = None
+    """Other LiteLLM Router settings for a router built from ``model_list``."""
+    router_options: dict[str, Any] = Field(default_factory=dict, exclude=True, repr=False)
+    """Extra :class:`ResilientRouter` arguments (``clock``, ``seed``, ``guards``) for a router
+    built here."""
+
+    temperature: float | None = None
+    max_tokens: int | None = Field(
+        default=None, validation_alias=AliasChoices("max_tokens", "max_completion_tokens")
+    )
+    top_p: float | None = None
+    stop: list[str] | None = Field(default=None, validation_alias=AliasChoices("stop", "stop_sequences"))
+    timeout: float | None = Field(default=None, validation_alias=AliasChoices("timeout", "request_timeout"))
+    """Total deadline per call, in seconds (the policy's ``deadline`` when unset)."""
+    max_retries: int | None = Field(default=None, ge=0, le=20)
+    """Retries per retried error class, for routers built by this model."""
+    api_key: SecretStr | None = Field(default=None, repr=False)
+    """Key for deployments without their own ``api_key`` (routers built by this model)."""
+    streaming: bool = False
+    """Stream from the provider even for ``invoke`` (LangChain convention)."""
+    model_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Extra request parameters for every call (e.g. ``seed``, ``user``)."""
+    emit_events: bool = True
+    """Dispatch ``llm_resilience.*`` custom events (attempt, retry, fallback, breaker)."""
+
+    _spec: RouterSpec | None = PrivateAttr(default=None)
+    _built: ResilientRouter | None = PrivateAttr(default=None)
+    _build_lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+
+    # -- construction ----------------------------------------------------------------------------
+
+    @field_validator("config", mode="before")
+    @classmethod
+    def _path_to_str(cls, value: Any) -> Any:
+        return str(value) if isinstance(value, Path) else value
+
+    @field_validator("policy", mode="before")
+    @classmethod
+    def _policy_mapping(cls, value: Any) -> Any:
+        if isinstance(value, ResiliencePolicy):
+            return value.model_dump(mode="json")
+        return value
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop_list(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+    def __init__(self, **data: Any) -> None:
+        super().__init__(**data)
+        self._setup()
+
+    def _setup(self) -> None:
+        sources = [n for n in ("router", "model_list", "config") if getattr(self, n) is not None]
+        if len(sources) > 1:
+            raise ConfigError(", ".join(sources), "give one of router, model_list or config, not several")
+        if not sources:
+            env = os.environ.get(CONFIG_ENV)
+            if not env:
+                raise ConfigError(
+                    "router",
+                    f"give router=, model_list= or config= (or set ${CONFIG_ENV} to a config path)",
+                )
+            self.config = env
+        if self.router is not None:
+            for name in ("policy", "fallbacks", "router_settings", "api_key"):
+                if getattr(self, name) is not None:
+                    raise ConfigError(name, "applies only when ResilientChatModel builds the router")
+            if self.max_retries is not None:
+                warnings.warn(
+                    "ResilientChatModel(max_retries=...) is ignored with router=: the router's "
+                    "policy sets the retry counts",
+                    stacklevel=3,
+                )
+            groups = self.router.model_groups
+        else:
+            self._spec = self._build_spec()
+            groups = self._spec.groups
+        if self.model not in groups:
+            raise UnknownModelGroupError(self.model, groups)
+
+    def _build_spec(self) -> RouterSpec:
+        if self.model_list is not None:
+            spec = build_spec(
+                self.model_list,
+                router_settings=self.router_settings,
+                policy=self.policy,
+                fallbacks=self.fallbacks,
+            )
+        else:
+            for name in ("policy", "fallbacks", "router_settings"):
+                if getattr(self, name) is not None:
+                    raise ConfigError(name, "goes in the config's resilience/router_settings sections")
+            cfg = self.config
+            spec = spec_from_mapping(cfg) if isinstance(cfg, Mapping) else load_config(str(cfg))
+        update: dict[str, Any] = {}
+        if self.api_key is not None:
+            key = self.api_key.get_secret_value()
+            update["model_list"] = [
+                d
+                if (d.get("litellm_params") or {}).get("api_key")
+                else {**d, "litellm_params": {**d["litellm_params"], "api_key": key}}
+                for d in spec.model_list
+            ]
+        if self.max_retries is not None:
+            update["policy"] = _apply_max_retries(spec.policy, self.max_retries)
+        return spec.model_copy(update=update) if update else spec
+
+    @classmethod
+    def from_config(
+        cls, config: str | Path | Mapping[str, Any], *, model: str, **kwargs: Any
+    ) -> ResilientChatModel:
+        """One line from a LiteLLM proxy-style YAML (or its parsed mapping)."""
+        cfg = str(config) if isinstance(config, Path) else config
+        return cls(config=dict(cfg) if isinstance(cfg, Mapping) else cfg, model=model, **kwargs)
+
+    @classmethod
+    def from_router(cls, router: ResilientRouter, *, model: str, **kwargs: Any) -> ResilientChatModel:
+        return cls(router=router, model=model, **kwargs)
+
+    def get_router(self) -> ResilientRouter:
+        """The router this model calls (built on first use when the model owns it)."""
+        if self.router is not None:
+            return self.router
+        if self._built is None:
+            with self._build_lock:
+                if self._built is None:
+                    assert self._spec is not None
+                    self._built = ResilientRouter.from_spec(self._spec, **self.router_options)
+        return self._built
+
+    def close(self) -> None:
+        """Stop the private loop of a router this model built (a shared router is left alone)."""
+        if self._built is not None:
+            self._built.close()
+
+    # -- LangChain identity ----------------------------------------------------------------------
+
+    @property
+    def _llm_type(self) -> str:
+        return "llm-resilience-chat"
+
+    @classmethod
+    def is_lc_serializable(cls) -> bool:
+        return True
+
+    @classmethod
+    def get_lc_namespace(cls) -> list[str]:
+        """The importable path LangChain's ``load`` resolves (the public subpackage)."""
+        return ["llm_resilience_plugin", "langchain"]
+
+    @property
+    def lc_secrets(self) -> dict[str, str]:
+        return {"api_key": API_KEY_ENV}
+
+    def to_json(self) -> Any:
+        # A router object (or clocks and guards) cannot be serialized, and a model_list or config
+        # mapping holding a literal key must not be: those serialize as "not implemented". A config
+        # path, or a mapping whose keys are LiteLLM ``os.environ/NAME`` references, round-trips.
+        if (
+            self.router is not None
+            or self.router_options
+            or _has_literal_secret(self.model_list)
+            or _has_literal_secret(self.config)
+        ):
+            return self.to_json_not_implemented()
+        return super().to_json()
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "temperature": self.temperature,
+            "max_tokens": self.max_tokens,
+            "top_p": self.top_p,
+            "timeout": self.timeout,
+            "max_retries": self.max_retries,
+            "model_kwargs": json_safe(self.model_kwargs),
+        }
+
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
+        params = LangSmithParams(
+            ls_provider="litellm",
+            ls_model_name=kwargs.get("model") or self.model,
+            ls_model_type="chat",
+        )
+        temperature = kwargs.get("temperature", self.temperature)
+        if isinstance(temperature, int | float):
+            params["ls_temperature"] = float(temperature)
+        max_tokens = kwargs.get("max_tokens", self.max_tokens)
+        if isinstance(max_tokens, int):
+            params["ls_max_tokens"] = max_tokens
+        ls_stop = stop if stop is not None else self.stop
+        if ls_stop is not None:
+            params["ls_stop"] = list(ls_stop)
+        return params
+
+    def get_num_tokens_from_messages(
+        self,
+        messages: list[BaseMessage],
+        tools: Sequence[dict[str, Any] | type | Callable[..., Any] | BaseTool] | None = None,
+    ) -> int:
+        """Prompt tokens by LiteLLM's counter for the group's first deployment model (offline for
+        OpenAI, Anthropic and DeepSeek models; others fall back to LiteLLM's default encoding)."""
+        import litellm
+
+        infos = self.get_router().deployments(self.model)
+        model = infos[0].model if infos else self.model
+        oai_tools: Any = [convert_to_openai_tool(t) for t in tools] if tools else None
+        return int(litellm.token_counter(model=model, messages=to_openai_messages(messages), tools=oai_tools))
+
+    # -- tools and structured output -------------------------------------------------------------
+
+    def bind_tools(
+        self,
+        tools: Sequence[dict[str, Any] | type | Callable[..., Any] | BaseTool],
+        *,
+        tool_choice: dict[str, Any] | str | bool | None = None,
+        strict: bool | None = None,
+        parallel_tool_calls: bool | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, AIMessage]:
+        """Bind tools in OpenAI format. ``tool_choice``: ``"auto"``, ``"none"``, ``"required"``
+        (also ``"any"`` or ``True``), a tool name, or an OpenAI tool-choice dict."""
+        formatted = [convert_to_openai_tool(t, strict=strict) for t in tools]
+        names = [t["function"]["name"] for t in formatted if "function" in t]
+        if tool_choice is not None and tool_choice is not False:
+            if tool_choice is True or tool_choice == "any":
+                choice: Any = "required"
+            elif isinstance(tool_choice, str) and tool_choice in _TOOL_CHOICE_KEYWORDS:
+                choice = tool_choice
+            elif isinstance(tool_choice, str):
+                if tool_choice not in names:
+                    raise ValueError(f"tool_choice {tool_choice!r} is not a bound tool; bound tools: {names}")
+                choice = {"type": "function", "function": {"name": tool_choice}}
+            elif isinstance(tool_choice, dict):
+                wanted = (tool_choice.get("function") or {}).get("name")
+                if wanted is not None and wanted not in names:
+                    raise ValueError(
+                        f"tool_choice names {wanted!r}, which is not a bound tool; bound: {names}"
+                    )
+                choice = tool_choice
+            else:
+                raise ValueError(f"unsupported tool_choice {tool_choice!r}")
+            kwargs["tool_choice"] = choice
+        if parallel_tool_calls is not None:
+            kwargs["parallel_tool_calls"] = parallel_tool_calls
+        return super().bind(tools=formatted, **kwargs)
+
+    def with_structured_output(
+        self,
+        schema: dict[str, Any] | type | None = None,
+        *,
+        method: Literal["json_schema", "function_calling", "json_mode"] = "json_schema",
+        include_raw: bool = False,
+        strict: bool | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, dict[str, Any] | BaseModel]:
+        """Structured output by ``json_schema`` (default: ``response_format`` with the schema),
+        ``function_calling`` (a forced tool call) or ``json_mode`` (``json_object``).
+
+        Pydantic classes parse to instances; TypedDicts and JSON schemas parse to dicts.
+        ``include_raw=True`` returns ``{"raw", "parsed", "parsing_error"}``.
+        """
+        if kwargs:
+            raise ValueError(f"Received unsupported arguments {kwargs}")
+        is_pydantic = isinstance(schema, type) and is_basemodel_subclass(schema)
+        ls_format: dict[str, Any] | None = (
+            {"kwargs": {"method": method, "strict": strict}, "schema": schema} if schema is not None else None
+        )
+        parser: OutputParserLike[Any]
+        llm: Runnable[LanguageModelInput, Any]
+        if method == "function_calling":
+            if schema is None:
+                raise ValueError("method='function_calling' needs a schema")
+            tool = convert_to_openai_tool(schema, strict=strict)
+            name = tool["function"]["name"]
+            llm = self.bind_tools(
+                [schema],
+                tool_choice=name,
+                strict=strict,
+                parallel_tool_calls=False,
+                ls_structured_output_format=ls_format,
+            )
+            if is_pydantic:
+                parser = PydanticToolsParser(tools=[schema], first_tool_only=True)  # type: ignore[list-item]
+            else:
+                parser = JsonOutputKeyToolsParser(key_name=name, first_tool_only=True)
+        elif method == "json_schema":
+            if schema is None:
+                raise ValueError("method='json_schema' needs a schema")
+            tool = convert_to_openai_tool(schema, strict=strict)
+            json_schema: dict[str, Any] = {
+                "name": tool["function"]["name"],
+                "schema": tool["function"]["parameters"],
+            }
+            if tool["function"].get("description"):
+                json_schema["description"] = tool["function"]["description"]
+            if strict is not None:
+                json_schema["strict"] = strict
+            llm = self.bind(
+                response_format={"type": "json_schema", "json_schema": json_schema},
+                ls_structured_output_format=ls_format,
+            )
+            parser = (
+                PydanticOutputParser(pydantic_object=schema)  # type: ignore[arg-type,type-var]
+                if is_pydantic
+                else JsonOutputParser()
+            )
+        elif method == "json_mode":
+            bind_kwargs: dict[str, Any] = {"response_format": {"type": "json_object"}}
+            if ls_format is not None:
+                bind_kwargs["ls_structured_output_format"] = ls_format
+            llm = self.bind(**bind_kwargs)
+            parser = (
+                PydanticOutputParser(pydantic_object=schema)  # type: ignore[arg-type,type-var]
+                if is_pydantic
+                else JsonOutputParser()
+            )
+        else:
+            raise ValueError(
+                f"unsupported method {method!r}: use 'json_schema', 'function_calling' or 'json_mode'"
+            )
+        if include_raw:
+            parser_assign = RunnablePassthrough.assign(
+                parsed=itemgetter("raw") | parser, parsing_error=lambda _: None
+            )
+            parser_none = RunnablePassthrough.assign(parsed=lambda _: None)
+            parser_with_fallback = parser_assign.with_fallbacks([parser_none], exception_key="parsing_error")
+            return RunnableMap(raw=llm) | parser_with_fallback
+        return llm | parser
+
+    # -- the run's config (for a deadline carried in `configurable` / metadata) -----------------
+
+    def invoke(self, input: LanguageModelInput, config: Any = None, **kwargs: Any) -> AIMessage:
+        token = _RUN_CONFIG.set(config)
+        try:
+            return super().invoke(input, config, **kwargs)
+        finally:
+            _RUN_CONFIG.reset(token)
+
+    async def ainvoke(self, input: LanguageModelInput, config: Any = None, **kwargs: Any) -> AIMessage:
+        token = _RUN_CONFIG.set(config)
+        try:
+            return await super().ainvoke(input, config, **kwargs)
+        finally:
+            _RUN_CONFIG.reset(token)
+
+    def stream(self, input: LanguageModelInput, config: Any = None, **kwargs: Any) -> Iterator[Any]:
+        token = _RUN_CONFIG.set(config)
+        try:
+            yield from super().stream(input, config, **kwargs)
+        finally:
+            with contextlib.suppress(ValueError):  # reset from another context after a handoff
+                _RUN_CONFIG.reset(token)
+
+    async def astream(
+        self, input: LanguageModelInput, config: Any = None, **kwargs: Any
+    ) -> AsyncIterator[Any]:
+        token = _RUN_CONFIG.set(config)
+        try:
+            async for chunk in super().astream(input, config, **kwargs):
+                yield chunk
+        finally:
+            with contextlib.suppress(ValueError):
+                _RUN_CONFIG.reset(token)
+
+    # -- request preparation ---------------------------------------------------------------------
+
+    def _prepare(
+        self, stop: list[str] | None, kwargs: dict[str, Any]
+    ) -> tuple[str, dict[str, Any], float | None]:
+        kwargs = dict(kwargs)
+        group = kwargs.pop("model", None) or self.model
+        deadline = kwargs.pop("deadline", None)
+        timeout = kwargs.pop("timeout", None)
+        for k in _LC_ONLY_KWARGS:
+            kwargs.pop(k, None)
+        params: dict[str, Any] = {}
+        if self.temperature is not None:
+            params["temperature"] = self.temperature
+        if self.max_tokens is not None:
+            params["max_tokens"] = self.max_tokens
+        if self.top_p is not None:
+            params["top_p"] = self.top_p
+        params.update(self.model_kwargs)
+        stops = stop if stop is not None else self.stop
+        if stops:
+            params["stop"] = list(stops)
+        params.update(kwargs)
+        if params.get("tools") == []:
+            params.pop("tools")
+            params.pop("tool_choice", None)
+        # An explicit argument wins; then a deadline carried by the run's RunnableConfig (see
+        # config_deadline); then the model's own timeout.
+        cfg = _RUN_CONFIG.get()
+        return group, params, deadline or timeout or config_deadline(cfg) or self.timeout
+
+    def _metadata(
+        self, report: CallReport | None, served_model: str | None, cost: float | None
+    ) -> dict[str, Any]:
+        router = self.get_router()
+        group = report.served_group if report else None
+        dep = report.deployment_id if report else None
+        name = served_model
+        if not name and dep is not None:
+            infos = [d for d in router.deployments() if d.id == dep]
+            name = infos[0].model if infos else None
+        md: dict[str, Any] = {
+            "model_name": name or group or self.model,
+            "model_provider": "litellm",
+            "model_group": group,
+            "model_id": dep,
+        }
+        if cost is not None:
+            md["response_cost"] = cost
+        if report is not None:
+            rd = report.to_dict()
+            if rd.get("response_cost") is None and cost is not None:
+                rd["response_cost"] = cost  # streamed answers: the cost comes with the usage chunk
+            md["resilience"] = json_safe(rd)
+        return md
+
+    def _result(self, resp: Any) -> ChatResult:
+        report = get_report(resp)
+        hidden = hidden_params_of(resp) or {}
+        cost = hidden.get("response_cost")
+        cost = float(cost) if isinstance(cost, int | float) and not isinstance(cost, bool) else None
+        md = self._metadata(report, getattr(resp, "model", None), cost)
+        gens, usage = generations_from_response(resp, md)
+        llm_output: dict[str, Any] = {
+            "model_name": md["model_name"],
+            "model_group": md["model_group"],
+            "model_id": md["model_id"],
+        }
+        if usage is not None:
+            llm_output["token_usage"] = dict(usage)
+        return ChatResult(generations=gens, llm_output=llm_output)
+
+    def _final_chunk(self, asm: StreamAssembler, report: CallReport | None) -> ChatGenerationChunk:
+        served = (report.served_model if report else None) or asm.model
+        return asm.final_chunk(self._metadata(report, served, asm.response_cost))
+
+    # -- sync ------------------------------------------------------------------------------------
+
+    def _call_sync(
+        self,
+        router: ResilientRouter,
+        group: str,
+        messages: list[dict[str, Any]],
+        *,
+        stream: bool,
+        deadline: float | None,
+        sink: EventSink,
+        params: dict[str, Any],
+    ) -> Any:
+        # The router runs its async attempt loop on a private thread; before_retry and the
+        # listener are called there while this thread waits (see _bridge).
+        return router.completion(
+            group, messages, stream=stream, deadline=deadline, listener=sink.on_event,
+            before_retry=sink.before_retry_sync, **params,
+        )  # fmt: skip
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        router = self.get_router()
+        bridge_router(router)
+        group, params, deadline = self._prepare(stop, kwargs)
+        sink = EventSink(run_manager, enabled=self.emit_events)
+        with sink.scope():
+            resp = self._call_sync(
+                router, group, to_openai_messages(messages), stream=False, deadline=deadline,
+                sink=sink, params=params,
+            )  # fmt: skip
+        return self._result(resp)
+
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        run_manager = find_run_manager(run_manager)
+        router = self.get_router()
+        bridge_router(router)
+        group, params, deadline = self._prepare(stop, kwargs)
+        sink = EventSink(run_manager, enabled=self.emit_events)
+        with sink.scope():
+            stream = self._call_sync(
+                router, group, to_openai_messages(messages), stream=True, deadline=deadline,
+                sink=sink, params=params,
+            )  # fmt: skip
+        asm = StreamAssembler()
+        it = iter(stream)
+        finished = False
+        try:
+            while True:
+                with sink.scope():
+                    try:
+                        chunk = next(it)
+                    except StopIteration:
+                        break
+                gen = asm.feed(chunk)
+                if gen is not None:
+                    yield gen
+            finished = True
+        finally:
+            if not finished:
+                try:
+                    stream.close()
+                except Exception:  # the stream already failed; keep the original error
+                    pass
+        yield self._final_chunk(asm, stream.report)
+
+    # -- async -----------------------------------------------------------------------------------
+
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        router = self.get_router()
+        bridge_router(router)
+        group, params, deadline = self._prepare(stop, kwargs)
+        sink = EventSink(run_manager, enabled=self.emit_events)
+        try:
+            with sink.scope():
+                resp = await router.acompletion(
+                    group, to_openai_messages(messages), deadline=deadline,
+                    listener=sink.on_event, before_retry=sink.before_retry_async, **params,
+                )  # fmt: skip
+        finally:
+            await sink.aflush()
+        return self._result(resp)
+
+    async def _astream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        run_manager = find_run_manager(run_manager)
+        router = self.get_router()
+        bridge_router(router)
+        group, params, deadline = self._prepare(stop, kwargs)
+        sink = EventSink(run_manager, enabled=self.emit_events)
+        try:
+            with sink.scope():
+                stream = await router.acompletion(
+                    group, to_openai_messages(messages), stream=True, deadline=deadline,
+                    listener=sink.on_event, before_retry=sink.before_retry_async, **params,
+                )  # fmt: skip
+        finally:
+            await sink.aflush()
+        asm = StreamAssembler()
+        it = stream.__aiter__()
+        finished = False
+        try:
+            while True:
+                with sink.scope():
+                    try:
+                        chunk = await it.__anext__()
+                    except StopAsyncIteration:
+                        break
+                gen = asm.feed(chunk)
+                if gen is not None:
+                    yield gen
+            finished = True
+        finally:
+            if not finished:
+                try:
+                    await stream.aclose()
+                except Exception:
+                    pass
+            await sink.aflush()
+        yield self._final_chunk(asm, stream.report)

@@ -1,0 +1,37 @@
+"""Structured JSON logs and in-process metrics of calls, attempts and breakers."""
+
+from llm_resilience_plugin.observability._logs import (
+    JsonFormatter,
+    RouterEventLogger,
+    RouterObserver,
+    attach_router_logging,
+    configure_json_logging,
+    iso_ts,
+    provider_of,
+    redact,
+    register_secret,
+    safe_metadata,
+)
+from llm_resilience_plugin.observability._metrics import (
+    MetricsCollector,
+    MetricsSummary,
+    percentile,
+    summarize,
+)
+
+__all__ = [
+    "JsonFormatter",
+    "MetricsCollector",
+    "MetricsSummary",
+    "RouterEventLogger",
+    "RouterObserver",
+    "attach_router_logging",
+    "configure_json_logging",
+    "iso_ts",
+    "percentile",
+    "provider_of",
+    "redact",
+    "register_secret",
+    "safe_metadata",
+    "summarize",
+]

@@ -1,0 +1,578 @@
+"""Structured JSON logs: a stdlib ``logging`` formatter and router-event log records.
+
+Every record this package logs carries its payload in ``record.llm_event`` (a dict) and its
+kind in ``record.llm_event_name``; :class:`JsonFormatter` turns any record into one JSON line -
+those fields merged at the top level, plus ``ts``, ``level``, ``logger``, ``message`` and
+anything passed as ``extra=`` - so it joins an existing log pipeline::
+
+    import logging
+    from llm_resilience_plugin.logs import JsonFormatter, attach_router_logging
+
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonFormatter())
+    logging.getLogger("llm_resilience").addHandler(handler)
+    logging.getLogger("llm_resilience").setLevel(logging.INFO)
+    detach = attach_router_logging(router)         # attempt / retry / fallback / breaker / call
+
+Secrets never appear: values under secret-looking keys (``api_key``, ``authorization``, ...)
+are replaced, every API key of an attached router is scrubbed from every string, and strings
+that look like provider keys (``sk-...``) are masked. Message content is logged only when asked
+(``include_content=True``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from llm_resilience_plugin.events import (
+    AttemptRecord,
+    BreakerTransition,
+    CallReport,
+    FallbackTaken,
+    RetryScheduled,
+    hidden_params_of,
+    usage_of,
+)
+
+if TYPE_CHECKING:
+    from llm_resilience_plugin.cost._guard import CostGuard, PriceBook
+    from llm_resilience_plugin.errors import Failure
+    from llm_resilience_plugin.events import AttemptInfo, DeploymentInfo
+    from llm_resilience_plugin.routing._router import ResilientRouter
+
+REDACTED = "[REDACTED]"
+
+_SECRET_KEY_RE = re.compile(
+    r"(api[_-]?key|apikey|secret|password|passwd|authorization|auth[_-]?token|access[_-]?token|"
+    r"refresh[_-]?token|bearer|credential|private[_-]?key|x-api-key|aws_secret|session[_-]?token)",
+    re.IGNORECASE,
+)
+_NOT_SECRET_KEYS = frozenset({"idempotency_key", "request_key", "key_id", "budget_key"})
+_KEY_LIKE_RE = re.compile(
+    r"\b(sk|pk|rk)-[A-Za-z0-9_\-]{6,}|\bBearer\s+[A-Za-z0-9._\-]{8,}|\bAKIA[0-9A-Z]{12,}"
+)
+
+_secrets: set[str] = set()
+_secrets_lock = threading.Lock()
+_secret_re: re.Pattern[str] | None = None
+
+
+def register_secret(value: str | None) -> None:
+    """Scrub ``value`` from every string this module redacts (API keys of attached routers)."""
+    global _secret_re
+    if not isinstance(value, str) or len(value) < 4:
+        return
+    with _secrets_lock:
+        if value in _secrets:
+            return
+        _secrets.add(value)
+        _secret_re = re.compile("|".join(re.escape(s) for s in sorted(_secrets, key=len, reverse=True)))
+
+
+def _scrub(text: str) -> str:
+    pat = _secret_re
+    if pat is not None:
+        text = pat.sub(REDACTED, text)
+    return _KEY_LIKE_RE.sub(_mask, text)
+
+
+def _mask(m: re.Match[str]) -> str:
+    token = m.group(0)
+    return "Bearer ***" if token.startswith("Bearer") else token[:3] + "***"
+
+
+def _is_secret_key(key: str) -> bool:
+    return key not in _NOT_SECRET_KEYS and bool(_SECRET_KEY_RE.search(key))
+
+
+def redact(value: Any, _depth: int = 0) -> Any:
+    """A JSON-safe copy of ``value`` with secrets removed (see the module docstring)."""
+    if _depth > 12:
+        return "..."
+    if isinstance(value, str):
+        return _scrub(value)
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    if isinstance(value, Mapping):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            ks = str(k)
+            out[ks] = REDACTED if _is_secret_key(ks) and v not in (None, "") else redact(v, _depth + 1)
+        return out
+    if isinstance(value, list | tuple | set | frozenset):
+        return [redact(v, _depth + 1) for v in value]
+    if isinstance(value, datetime):
+        return value.isoformat()
+    to_dict = getattr(value, "to_dict", None)
+    if callable(to_dict):
+        try:
+            return redact(to_dict(), _depth + 1)
+        except Exception:
+            pass
+    return _scrub(str(value))
+
+
+def safe_metadata(md: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Scalar metadata values worth logging (tenant, user, feature, ...), without LangChain's
+    internals (``ls_*``, ``lc_*``, ``langgraph_*``) and without secrets."""
+    out: dict[str, Any] = {}
+    for k, v in (md or {}).items():
+        ks = str(k)
+        if ks.startswith(("ls_", "lc_", "langgraph_", "checkpoint_", "_llm_resilience")):
+            continue
+        if isinstance(v, str | int | float | bool) or v is None:
+            out[ks] = REDACTED if _is_secret_key(ks) else v
+    return out
+
+
+def iso_ts(ts: float) -> str:
+    """Epoch seconds as an ISO-8601 UTC timestamp with milliseconds."""
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+_STD_ATTRS = frozenset(
+    vars(logging.LogRecord("", 0, "", 0, "", (), None)).keys()
+    | {"message", "asctime", "llm_event", "llm_event_name", "taskName"}
+)
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record: ``ts`` (UTC ISO-8601), ``level``, ``logger``, ``event``
+    (``record.llm_event_name`` or the message), ``message``, the ``record.llm_event`` fields,
+    any other ``extra=`` fields, and ``exc_type``/``exc_message``/``exc_info`` for exceptions.
+    Everything passes through :func:`redact`. ``static`` fields are added to every record
+    (``service``, ``env``)."""
+
+    def __init__(self, *, static: Mapping[str, Any] | None = None, sort_keys: bool = False) -> None:
+        super().__init__()
+        self.static = dict(static or {})
+        self.sort_keys = sort_keys
+
+    def format(self, record: logging.LogRecord) -> str:
+        message = record.getMessage()
+        out: dict[str, Any] = {
+            "ts": iso_ts(record.created),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "event": getattr(record, "llm_event_name", None) or message,
+            "message": message,
+        }
+        out.update(self.static)
+        payload = getattr(record, "llm_event", None)
+        if isinstance(payload, Mapping):
+            for k, v in payload.items():
+                out[k if k not in ("level", "logger", "message") else f"event_{k}"] = v
+        for k, v in vars(record).items():
+            if k not in _STD_ATTRS and not k.startswith("_") and k not in out:
+                out[k] = v
+        if record.exc_info and record.exc_info[1] is not None:
+            exc = record.exc_info[1]
+            out["exc_type"] = type(exc).__name__
+            out["exc_message"] = str(exc)[:1000]
+            out["exc_info"] = self.formatException(record.exc_info)
+        return json.dumps(redact(out), default=str, sort_keys=self.sort_keys)
+
+
+def configure_json_logging(
+    level: int = logging.INFO,
+    *,
+    logger: str | logging.Logger = "llm_resilience",
+    stream: Any = None,
+    static: Mapping[str, Any] | None = None,
+) -> logging.Handler:
+    """Add a ``StreamHandler`` with :class:`JsonFormatter` to ``logger`` (default
+    ``llm_resilience``, the parent of every logger this package uses); returns the handler."""
+    lg = logging.getLogger(logger) if isinstance(logger, str) else logger
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonFormatter(static=static))
+    lg.addHandler(handler)
+    lg.setLevel(level)
+    return handler
+
+
+# -- router events --------------------------------------------------------------------------------
+
+
+def provider_of(d: DeploymentInfo | None) -> str | None:
+    """The LiteLLM provider of a deployment: ``custom_llm_provider`` or the model's prefix."""
+    if d is None:
+        return None
+    p = (d.params or {}).get("custom_llm_provider")
+    if isinstance(p, str) and p:
+        return p
+    return d.model.split("/", 1)[0] if "/" in d.model else None
+
+
+def _ms(seconds: float | None) -> float | None:
+    return round(seconds * 1000.0, 3) if seconds is not None else None
+
+
+@dataclass(slots=True)
+class _AttemptSeen:
+    deployment_id: str | None = None
+    served_model: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cost: float | None = None
+
+
+@dataclass(slots=True)
+class _CallSeen:
+    idempotency_key: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    tags: list[str] = field(default_factory=list)
+    messages: Any = None
+    attempts: dict[int, _AttemptSeen] = field(default_factory=dict)
+
+
+class RouterObserver:
+    """An :class:`~llm_resilience_plugin.router.AttemptGuard` that refuses nothing: it remembers
+    what router events do not carry (idempotency key, metadata, per-attempt tokens, cost and
+    served model) so log records and metrics can include it. Shared by
+    :func:`attach_router_logging` and :class:`~llm_resilience_plugin.metrics.MetricsCollector`."""
+
+    def __init__(
+        self,
+        router: ResilientRouter,
+        *,
+        prices: PriceBook | None = None,
+        include_content: bool = False,
+        max_calls: int = 10_000,
+    ) -> None:
+        from llm_resilience_plugin.cost._guard import PriceBook
+
+        self.router = router
+        self.prices = prices or PriceBook(unknown_model="zero")
+        self.include_content = include_content
+        self.max_calls = max_calls
+        self.deployments: dict[str, DeploymentInfo] = {d.id: d for d in router.deployments()}
+        self._calls: OrderedDict[str, _CallSeen] = OrderedDict()
+        self._lock = threading.Lock()
+        self.users = 0
+
+    @classmethod
+    def for_router(cls, router: ResilientRouter, *, prices: PriceBook | None = None) -> RouterObserver:
+        """The router's observer, installed first in ``router.guards`` (one per router)."""
+        for g in router.guards:
+            if isinstance(g, RouterObserver):
+                return g
+        obs = cls(router, prices=prices)
+        router.guards.insert(0, obs)
+        return obs
+
+    def remove(self) -> None:
+        self.router.guards[:] = [g for g in self.router.guards if g is not self]
+
+    def call(self, call_id: str, *, pop: bool = False) -> _CallSeen | None:
+        with self._lock:
+            return self._calls.pop(call_id, None) if pop else self._calls.get(call_id)
+
+    def before_attempt(self, info: AttemptInfo) -> tuple[str, int]:
+        with self._lock:
+            seen = self._calls.get(info.call_id)
+            if seen is None:
+                md = dict(info.metadata or {})
+                tags = md.get("tags")
+                key = info.idempotency_key or info.kwargs.get("idempotency_key")
+                seen = _CallSeen(
+                    idempotency_key=str(key) if key is not None else None,
+                    metadata=safe_metadata(md),
+                    tags=[str(t) for t in tags] if isinstance(tags, list | tuple) else [],
+                    messages=list(info.messages) if self.include_content else None,
+                )
+                self._calls[info.call_id] = seen
+                while len(self._calls) > self.max_calls:
+                    self._calls.popitem(last=False)
+            seen.attempts[info.attempt] = _AttemptSeen()
+        return info.call_id, info.attempt
+
+    def after_attempt(
+        self,
+        token: Any,
+        *,
+        deployment_id: str | None,
+        response: Any | None,
+        usage: Mapping[str, int] | None,
+        failure: Failure | None,
+    ) -> None:
+        call_id, attempt = token
+        a = _AttemptSeen(deployment_id=deployment_id)
+        if response is not None:
+            model = getattr(response, "model", None)
+            a.served_model = str(model) if model else None
+            if usage is None:
+                usage = usage_of(response)
+        if usage:
+            a.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+            a.completion_tokens = int(usage.get("completion_tokens") or 0)
+        hidden = hidden_params_of(response) or {}
+        reported = hidden.get("response_cost")
+        if isinstance(reported, int | float) and not isinstance(reported, bool) and reported > 0:
+            a.cost = float(reported)
+        elif failure is None and usage and deployment_id in self.deployments:
+            price = self.prices.for_deployment(self.deployments[deployment_id])
+            if price.known:
+                a.cost = price.cost(a.prompt_tokens or 0, a.completion_tokens or 0)
+        elif failure is not None:
+            a.cost = 0.0
+        with self._lock:
+            seen = self._calls.get(call_id)
+            if seen is not None:
+                seen.attempts[attempt] = a
+
+    def call_cost(self, call_id: str) -> float | None:
+        seen = self.call(call_id)
+        if seen is None:
+            return None
+        costs = [a.cost for a in seen.attempts.values() if a.cost is not None]
+        return sum(costs) if costs else None
+
+
+class RouterEventLogger:
+    """Turns router events into log records (see :func:`attach_router_logging`)."""
+
+    def __init__(
+        self,
+        router: ResilientRouter,
+        observer: RouterObserver,
+        logger: logging.Logger,
+        *,
+        level: int = logging.INFO,
+        guard: CostGuard | None = None,
+        include_content: bool = False,
+    ) -> None:
+        self.router = router
+        self.observer = observer
+        self.logger = logger
+        self.level = level
+        self.guard = guard
+        self.include_content = include_content
+
+    def __call__(self, event: Any) -> None:
+        rec = self.record(event)
+        if rec is None:
+            return
+        name, level, payload = rec
+        if not self.logger.isEnabledFor(level):
+            return
+        self.logger.log(level, name, extra={"llm_event_name": name, "llm_event": redact(payload)})
+
+    def _budget(self, call_id: str, out: dict[str, Any]) -> None:
+        if self.guard is None:
+            return
+        info = self.guard.call_info(call_id)
+        if info is not None:
+            out["budget_remaining"] = info.get("budget_remaining")
+            out["budget_tightest"] = info.get("budget_tightest")
+
+    def record(self, event: Any) -> tuple[str, int, dict[str, Any]] | None:
+        warn = max(self.level, logging.WARNING)
+        if isinstance(event, AttemptRecord):
+            return "llm_attempt", (self.level if event.outcome == "success" else warn), (self.attempt(event))
+        if isinstance(event, CallReport):
+            return "llm_call", (self.level if event.outcome == "success" else warn), (self.call(event))
+        if isinstance(event, RetryScheduled):
+            return (
+                "llm_retry",
+                self.level,
+                {
+                    "ts": iso_ts(self.router._clock.wall()),
+                    "call_id": event.call_id,
+                    "model_group": event.model_group,
+                    "retry_number": event.retry_number,
+                    "sleep_ms": _ms(event.sleep_s),
+                    "error_class": str(event.error_class),
+                    "deployment_id": event.deployment_id,
+                    "idempotency_key": self._idem(event.call_id),
+                },
+            )
+        if isinstance(event, FallbackTaken):
+            return (
+                "llm_fallback",
+                warn,
+                {
+                    "ts": iso_ts(self.router._clock.wall()),
+                    "call_id": event.call_id,
+                    "from_group": event.from_group,
+                    "to_group": event.to_group,
+                    "fallback_level": event.fallback_level,
+                    "reason": str(event.reason),
+                    "idempotency_key": self._idem(event.call_id),
+                },
+            )
+        if isinstance(event, BreakerTransition):
+            level = warn if event.new_state == "open" else self.level
+            return (
+                "breaker_transition",
+                level,
+                {
+                    "ts": iso_ts(event.at),
+                    "deployment_id": event.deployment_id,
+                    "model_group": event.model_group,
+                    "old_state": event.old_state,
+                    "new_state": event.new_state,
+                    "fail_counter": event.fail_counter,
+                    "provider": provider_of(self.observer.deployments.get(event.deployment_id)),
+                },
+            )
+        return None
+
+    def _idem(self, call_id: str) -> str | None:
+        seen = self.observer.call(call_id)
+        return seen.idempotency_key if seen else None
+
+    def attempt(self, a: AttemptRecord) -> dict[str, Any]:
+        seen = self.observer.call(a.call_id)
+        got = seen.attempts.get(a.attempt) if seen else None
+        dep = self.observer.deployments.get(a.deployment_id or "")
+        tokens_total = None
+        if got is not None and got.prompt_tokens is not None:
+            tokens_total = (got.prompt_tokens or 0) + (got.completion_tokens or 0)
+        out: dict[str, Any] = {
+            "ts": iso_ts(a.started_at),
+            "call_id": a.call_id,
+            "attempt": a.attempt,
+            "retry_number": a.attempt - 1,
+            "model_group": a.model_group,
+            "deployment_id": a.deployment_id,
+            "provider": provider_of(dep),
+            "model": dep.model if dep else None,
+            "served_model": got.served_model if got else None,
+            "fallback_level": a.fallback_level,
+            "outcome": a.outcome,
+            "error_class": str(a.error_class) if a.error_class else None,
+            "status": a.status,
+            "error_message": a.error_message,
+            "latency_ms": _ms(a.latency_s),
+            "ttft_ms": _ms(a.ttft_s),
+            "wait_before_ms": _ms(a.wait_before_s),
+            "breaker_state": a.breaker_state,
+            "probe": a.probe,
+            "prompt_tokens": got.prompt_tokens if got else None,
+            "completion_tokens": got.completion_tokens if got else None,
+            "total_tokens": tokens_total,
+            "cost": got.cost if got else None,
+            "idempotency_key": seen.idempotency_key if seen else None,
+            "request_key": a.call_id,
+        }
+        if seen is not None:
+            out["metadata"] = seen.metadata
+            if seen.tags:
+                out["tags"] = seen.tags
+        self._budget(a.call_id, out)
+        return out
+
+    def call(self, r: CallReport) -> dict[str, Any]:
+        seen = self.observer.call(r.call_id)
+        dep = self.observer.deployments.get(r.deployment_id or "")
+        usage = r.usage or {}
+        cost = r.response_cost
+        if cost is None or (cost == 0 and self.observer.call_cost(r.call_id)):
+            cost = self.observer.call_cost(r.call_id)
+        out: dict[str, Any] = {
+            "ts": iso_ts(r.started_at),
+            "call_id": r.call_id,
+            "requested_group": r.requested_group,
+            "served_group": r.served_group,
+            "deployment_id": r.deployment_id,
+            "provider": provider_of(dep),
+            "served_model": r.served_model,
+            "stream": r.stream,
+            "outcome": r.outcome,
+            "error_class": str(r.error_class) if r.error_class else None,
+            "latency_ms": _ms(r.total_latency_s),
+            "ttft_ms": _ms(r.ttft_s),
+            "attempts": len(r.attempts),
+            "upstream_requests": r.upstream_requests,
+            "retries": r.retries,
+            "fallback_level": r.fallback_level,
+            "prompt_tokens": usage.get("prompt_tokens"),
+            "completion_tokens": usage.get("completion_tokens"),
+            "total_tokens": usage.get("total_tokens"),
+            "cost": cost,
+            "idempotency_key": r.idempotency_key or (seen.idempotency_key if seen else None),
+            "request_key": r.call_id,
+        }
+        if seen is not None:
+            out["metadata"] = seen.metadata
+            if seen.tags:
+                out["tags"] = seen.tags
+            if self.include_content and seen.messages is not None:
+                out["input"] = seen.messages
+        self._budget(r.call_id, out)
+        return out
+
+
+def attach_router_logging(
+    router: ResilientRouter,
+    logger: logging.Logger | str | None = None,
+    *,
+    level: int = logging.INFO,
+    guard: CostGuard | None = None,
+    include_content: bool = False,
+) -> Callable[[], None]:
+    """Log every attempt (``llm_attempt``), retry (``llm_retry``), fallback (``llm_fallback``),
+    breaker transition (``breaker_transition``) and call (``llm_call``) of ``router`` as
+    structured records on ``logger`` (default ``llm_resilience.router``). Failures, fallbacks and
+    breakers opening log at WARNING. With ``guard=`` records carry ``budget_remaining``.
+
+    The router's API keys are registered with :func:`register_secret`, so they are scrubbed from
+    every record this module formats. Returns a function that detaches the logging.
+    """
+    lg = (
+        logging.getLogger(logger or "llm_resilience.router")
+        if not isinstance(logger, logging.Logger)
+        else logger
+    )
+    for entry in router.spec.model_list:
+        params = entry.get("litellm_params") or {}
+        for k, v in params.items():
+            if _is_secret_key(str(k)) and isinstance(v, str):
+                register_secret(v)
+                if v.startswith("os.environ/"):  # LiteLLM's reference to an env variable
+                    register_secret(os.environ.get(v[len("os.environ/") :]))
+    observer = RouterObserver.for_router(router, prices=guard.prices if guard else None)
+    if include_content:
+        observer.include_content = True
+    observer.users += 1
+    ev_logger = RouterEventLogger(
+        router, observer, lg, level=level, guard=guard, include_content=include_content
+    )
+
+    unsubscribe = router.subscribe(ev_logger)
+    done = False
+
+    def detach() -> None:
+        nonlocal done
+        if done:
+            return
+        done = True
+        unsubscribe()
+        observer.users -= 1
+        if observer.users <= 0:
+            observer.remove()
+
+    return detach
+
+
+__all__ = [
+    "JsonFormatter",
+    "RouterEventLogger",
+    "RouterObserver",
+    "attach_router_logging",
+    "configure_json_logging",
+    "iso_ts",
+    "provider_of",
+    "redact",
+    "register_secret",
+    "safe_metadata",
+]

@@ -1,0 +1,375 @@
+"""Streams through the router.
+
+Chunks are read inside the attempt until the first one with content, a tool call or a finish
+reason, so failures before anything reaches the caller are ordinary (retryable) attempt
+failures. After that, a failure raises :class:`StreamInterruptedError` with the partial text —
+or, where ``restart_broken_streams`` is on, yields a :class:`StreamRestart` marker and starts
+over on another route. A stream that ends without a finish reason is never a success.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from typing import TYPE_CHECKING, Any
+
+from llm_resilience_plugin._engine.taxonomy import classify
+from llm_resilience_plugin._engine.watchdog import AttemptWatchdog
+from llm_resilience_plugin.errors import StreamInterruptedError
+from llm_resilience_plugin.events import CallReport, StreamRestart, hidden_params_of, usage_of
+
+if TYPE_CHECKING:
+    from llm_resilience_plugin.routing._router import (
+        ResilientRouter,
+        _AttemptContext,
+        _CallContext,
+        _SyncRunner,
+    )
+
+
+def chunk_has_payload(chunk: Any) -> bool:
+    for choice in getattr(chunk, "choices", None) or []:
+        delta = getattr(choice, "delta", None)
+        if delta is not None and (getattr(delta, "content", None) or getattr(delta, "tool_calls", None)):
+            return True
+        if getattr(choice, "finish_reason", None):
+            return True
+    return False
+
+
+class Prefetched:
+    """A LiteLLM stream with its leading chunks already read (inside the attempt)."""
+
+    def __init__(self, stream: Any, buffered: list[Any], done: bool) -> None:
+        self.stream = stream
+        self.buffered = buffered
+        self.done = done
+
+
+async def prefetch_stream(stream: Any) -> Prefetched:
+    """Read up to the first chunk with a payload; a stream that ends before one is a failure."""
+    buffered: list[Any] = []
+    it = stream.__aiter__()
+    while True:
+        try:
+            chunk = await it.__anext__()
+        except StopAsyncIteration:
+            if not any(chunk_has_payload(c) for c in buffered):
+                raise ConnectionError("stream ended before any content") from None
+            return Prefetched(stream, buffered, done=True)
+        buffered.append(chunk)
+        if chunk_has_payload(chunk):
+            return Prefetched(stream, buffered, done=False)
+
+
+class ResilientStream:
+    """An async iterator of LiteLLM chunks (see the module docstring for the guarantees)."""
+
+    def __init__(
+        self,
+        router: ResilientRouter,
+        ctx: _CallContext,
+        group: str,
+        level: int,
+        actx: _AttemptContext,
+        pre: Prefetched,
+        started_wall: float,
+        ttft: float,
+        wait_before: float,
+    ) -> None:
+        self._router = router
+        self._ctx = ctx
+        self._group = group
+        self._level = level
+        self._actx = actx
+        self._pre = pre
+        self._started_wall = started_wall
+        self._t0 = router._clock.monotonic() - ttft
+        self._ttft = ttft
+        self._wait_before = wait_before
+        self._parts: list[str] = []
+        self._finish_reason: str | None = None
+        self._closed = False
+        self._messages: list[dict[str, Any]] | None = None
+        self._kwargs: dict[str, Any] = {}
+        self._next: ResilientStream | StaticStream | None = None
+        self._saw_tools = False
+        self.report = ctx.report
+        self.report.ttft_s = ttft
+        self.usage: dict[str, int] | None = None
+
+    def bind_restart(self, messages: list[dict[str, Any]], kwargs: dict[str, Any]) -> None:
+        """What a restart needs to send the request again from scratch."""
+        self._messages = messages
+        self._kwargs = kwargs
+
+    @property
+    def partial_text(self) -> str:
+        return "".join(self._parts)
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[Any]:
+        if self._closed:
+            return
+        router = self._router
+        pol = router._policies[self._group]
+        idle = self._ctx.opts.stream_idle_timeout or pol.stream_idle_timeout
+        try:
+            for chunk in self._pre.buffered:
+                self._observe(chunk)
+                yield chunk
+            if not self._pre.done:
+                it = self._pre.stream.__aiter__()
+                while True:
+                    remaining = self._ctx.deadline.remaining()
+                    try:
+                        with AttemptWatchdog(max(0.001, min(idle, remaining)), "stream idle"):
+                            chunk = await it.__anext__()
+                    except StopAsyncIteration:
+                        break
+                    self._observe(chunk)
+                    yield chunk
+            if self._finish_reason is None:
+                raise ConnectionError("stream ended without a finish_reason (truncated answer)")
+        except (GeneratorExit, asyncio.CancelledError):
+            self._close_cancelled()
+            raise
+        except Exception as exc:
+            restart = await self._restart(exc)
+            if restart is None:
+                raise StreamInterruptedError(
+                    f"stream from {self._actx.picked} failed after {len(self.partial_text)} chars: {exc}",
+                    self.partial_text,
+                    exc,
+                    self.report,
+                ) from exc
+            marker, nxt = restart
+            yield marker
+            async for chunk in nxt:
+                yield chunk
+            return
+        self._succeed()
+
+    async def _restart(self, exc: BaseException) -> tuple[StreamRestart, Any] | None:
+        """Opt-in: continue the partial answer by assistant prefill on a deployment that supports
+        it, or restart from scratch on another route. Any failure here surfaces the original one."""
+        router = self._router
+        ctx = self._ctx
+        requested = self.report.requested_group
+        pol = router._policies[requested]
+        constrained = "response_format" in self._kwargs or self._kwargs.get("tool_choice") not in (
+            None,
+            "auto",
+            "none",
+        )
+        can_continue = (
+            pol.continue_streams_with_prefill
+            and self.partial_text
+            and not self._saw_tools
+            and not constrained
+        )
+        allowed = pol.restart_broken_streams or can_continue
+        if not allowed or self._messages is None or self.report.stream_restarts >= 1:
+            self._fail(exc, final=True)
+            return None
+        self._fail(exc, final=False)
+        failure = classify(exc)
+        self.report.stream_restarts += 1
+        if ctx.deadline.remaining() <= router.policy.min_attempt_time:
+            self._give_up(failure)
+            return None
+        if can_continue:
+            prefill = {"role": "assistant", "content": self.partial_text, "prefix": True}
+            ctx.require_prefill = True
+            try:
+                nxt = await router._walk_routes(ctx, requested, [*self._messages, prefill], self._kwargs)
+            except Exception:
+                nxt = None  # a rejected prefill never hides the original failure
+            finally:
+                ctx.require_prefill = False
+            if nxt is not None:
+                marker = StreamRestart(
+                    ctx.call_id, self._group, self.partial_text, failure.error_class, mode="continue"
+                )
+                router._emit(ctx, marker)
+                self._next = nxt
+                return marker, nxt
+            if not pol.restart_broken_streams:
+                self._give_up(failure)
+            return None
+        marker = StreamRestart(ctx.call_id, self._group, self.partial_text, failure.error_class)
+        router._emit(ctx, marker)
+        try:
+            nxt = await router._walk_routes(ctx, requested, self._messages, self._kwargs)
+        except Exception:
+            self._give_up(failure)
+            return None
+        self._next = nxt
+        return marker, nxt
+
+    def _give_up(self, failure: Any) -> None:
+        """Surface the original mid-stream failure after a recovery attempt did not work."""
+        self.report.outcome = "failure"
+        self.report.error_class = failure.error_class
+        self._router._emit(self._ctx, self.report)
+
+    def _observe(self, chunk: Any) -> None:
+        for choice in getattr(chunk, "choices", None) or []:
+            delta = getattr(choice, "delta", None)
+            text = getattr(delta, "content", None) if delta is not None else None
+            if text:
+                self._parts.append(text)
+            if delta is not None and getattr(delta, "tool_calls", None):
+                self._saw_tools = True
+            if getattr(choice, "finish_reason", None):
+                self._finish_reason = choice.finish_reason
+        usage = usage_of(chunk)
+        if usage is not None and usage["total_tokens"]:
+            self.usage = usage
+        if self.report.served_model is None and getattr(chunk, "model", None):
+            self.report.served_model = chunk.model
+        cost = (hidden_params_of(chunk) or {}).get("response_cost")
+        if isinstance(cost, int | float) and not isinstance(cost, bool):
+            self.report.response_cost = float(cost)
+
+    def _succeed(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        r = self._router
+        latency = r._clock.monotonic() - self._t0
+        r._on_success(
+            self._ctx,
+            self._group,
+            self._level,
+            self._actx,
+            self._started_wall,
+            latency,
+            self._wait_before,
+            self._ttft,
+            usage=self.usage,
+        )
+        self.report.outcome = "success"
+        self.report.usage = self.usage
+        self.report.deployment_id = self._actx.picked
+        self.report.total_latency_s = r._clock.wall() - self.report.started_at
+        r._emit(self._ctx, self.report)
+
+    def _fail(self, exc: BaseException, *, final: bool) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        r = self._router
+        failure = classify(exc)
+        latency = r._clock.monotonic() - self._t0
+        if self._actx.guard_tokens and self.partial_text:
+            # Content was generated (and billed): settle like a stream cut short, not a release.
+            self._actx.settle_guards(None, self.usage, None)
+        r._on_failure(
+            self._ctx,
+            self._group,
+            self._level,
+            self._actx,
+            failure,
+            self._started_wall,
+            latency,
+            self._wait_before,
+        )
+        if final:
+            self.report.outcome = "failure"
+            self.report.error_class = failure.error_class
+            r._emit(self._ctx, self.report)
+
+    def _close_cancelled(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        adm = self._actx.admission
+        if adm is not None:
+            self._router._breakers[adm.deployment_id].release(adm)
+        if self._actx.guard_tokens:
+            # Cut short by the caller: the guard settles its estimate (no final usage is known).
+            self._actx.settle_guards(None, self.usage, None)
+        self.report.outcome = "cancelled"
+        self._router._emit(self._ctx, self.report)
+
+    async def aclose(self) -> None:
+        """Stop early (the deployment's breaker counts neither success nor failure)."""
+        self._close_cancelled()
+        if self._next is not None:
+            await self._next.aclose()
+        close = getattr(self._pre.stream, "aclose", None)
+        if close is not None:
+            try:
+                await close()
+            except Exception:
+                pass
+
+
+class StaticStream:
+    """A configured static answer delivered as a one-chunk stream (marked degraded)."""
+
+    def __init__(self, response: Any, report: CallReport, router: ResilientRouter, ctx: _CallContext) -> None:
+        import litellm
+
+        text = response.choices[0].message.content
+        choice: Any = {"index": 0, "delta": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+        self._chunk = litellm.ModelResponseStream(model=response.model, choices=[choice])
+        self._router = router
+        self._ctx = ctx
+        self.report = report
+        self.usage: dict[str, int] | None = None
+        self.partial_text = text
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[Any]:
+        yield self._chunk
+        self.report.outcome = "success"
+        self._router._emit(self._ctx, self.report)
+
+    async def aclose(self) -> None:
+        return None
+
+
+class SyncResilientStream:
+    """Blocking iterator over a :class:`ResilientStream`, driven on the router's private loop."""
+
+    def __init__(self, stream: ResilientStream | StaticStream, runner: _SyncRunner) -> None:
+        self._stream = stream
+        self._runner = runner
+        self._it = stream.__aiter__()
+        self.report = stream.report
+
+    @property
+    def partial_text(self) -> str:
+        return self._stream.partial_text
+
+    @property
+    def usage(self) -> dict[str, int] | None:
+        return self._stream.usage
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        async def step() -> Any:
+            return await self._it.__anext__()
+
+        try:
+            return self._runner.run(step())
+        except StopAsyncIteration:
+            raise StopIteration from None
+
+    def close(self) -> None:
+        self._runner.run(self._stream.aclose())
+
+
+async def discard(result: Any) -> None:
+    """Close the losing stream of a hedge race that also produced a result."""
+    close = getattr(result, "aclose", None)
+    if close is not None:
+        await close()

@@ -1,0 +1,22 @@
+"""Offline testing: the fault-injecting provider simulator and a clock that sleeps instantly."""
+
+from llm_resilience_plugin._engine.clock import Clock, FakeClock
+from llm_resilience_plugin.testing._simulator import (
+    Behavior,
+    Fault,
+    ProviderSimulator,
+    RequestRecord,
+    estimate_prompt_tokens,
+    estimate_tokens,
+)
+
+__all__ = [
+    "Behavior",
+    "Clock",
+    "FakeClock",
+    "Fault",
+    "ProviderSimulator",
+    "RequestRecord",
+    "estimate_prompt_tokens",
+    "estimate_tokens",
+]

@@ -1,0 +1,59 @@
+"""A deadline carried by a LangChain RunnableConfig reaches the router and resilient() steps."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from langchain_core.runnables import RunnableLambda
+
+from llm_resilience_plugin import DeadlineExceededError
+from llm_resilience_plugin._engine.clock import Clock
+from llm_resilience_plugin.langchain import ResilientChatModel, resilient
+from llm_resilience_plugin.testing._simulator import Fault
+from tests.conftest import RouterFactory
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"configurable": {"deadline": 0.5}},
+        {"metadata": {"timeout": 0.5}},
+        {"configurable": {"deadline_at": "now+0.5"}},
+    ],
+)
+def test_chat_model_honours_the_config_deadline(make_router: RouterFactory, sim, config) -> None:
+    router = make_router({"primary": ["a"]}, policy={"attempt_timeout": 5, "deadline": 30}, clock=Clock())
+    sim.set_default("a", Fault.silence(max_hold=5))
+    llm = ResilientChatModel(router=router, model="primary")
+    if config.get("configurable", {}).get("deadline_at") == "now+0.5":
+        config = {"configurable": {"deadline_at": time.time() + 0.5}}
+    t0 = time.monotonic()
+    with pytest.raises(DeadlineExceededError):
+        llm.invoke("hello", config=config)
+    assert time.monotonic() - t0 < 2.5
+    assert sim.count("a") == 1
+
+
+async def test_chain_deadline_reaches_a_nested_chat_model(make_router: RouterFactory, sim) -> None:
+    router = make_router({"primary": ["a"]}, policy={"attempt_timeout": 5, "deadline": 30}, clock=Clock())
+    sim.set_default("a", Fault.silence(max_hold=5))
+    chain = RunnableLambda(lambda x: x) | ResilientChatModel(router=router, model="primary")
+    t0 = time.monotonic()
+    with pytest.raises(DeadlineExceededError):
+        await chain.ainvoke("hello", config={"configurable": {"deadline": 0.5}})
+    assert time.monotonic() - t0 < 2.5
+
+
+async def test_resilient_step_honours_the_config_deadline() -> None:
+    import asyncio
+
+    async def slow(x: str) -> str:
+        await asyncio.sleep(3)
+        return x
+
+    step = resilient(RunnableLambda(slow), policy={"deadline": 30, "attempt_timeout": 10})
+    t0 = time.monotonic()
+    with pytest.raises(DeadlineExceededError):
+        await step.ainvoke("x", config={"metadata": {"deadline": 0.3}})
+    assert time.monotonic() - t0 < 2.5
