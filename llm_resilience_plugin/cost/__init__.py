@@ -4,10 +4,7 @@ from llm_resilience_plugin.cost._guard import (
     Budget,
     BudgetAlert,
     CostGuard,
-    Price,
-    PriceBook,
     Ticket,
-    coerce_price,
 )
 from llm_resilience_plugin.cost._ledger import (
     NANO,
@@ -23,6 +20,7 @@ from llm_resilience_plugin.cost._ledger import (
     open_ledger,
     to_nano,
 )
+from llm_resilience_plugin.cost._prices import Price, PriceBook, coerce_price
 
 __all__ = [
     "NANO",
