@@ -1,0 +1,259 @@
+"""The simulator's scripted state and request log, shared by the test thread and the server thread.
+
+:class:`SimulatorState` holds each deployment's queue, default, outage, token bucket and context
+window behind one lock, picks the behaviour for each request, and keeps the request log.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+import time
+import zlib
+from collections import deque
+from dataclasses import dataclass, field
+
+from llm_resilience_plugin.testing._faults import OK, Behavior, Fault, check_count, check_seconds
+from llm_resilience_plugin.testing._messages import JSONDict
+
+__all__ = ["MutableRecord", "RequestRecord", "SimulatorState", "check_deployment"]
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """A snapshot of one logged chat request."""
+
+    deployment: str
+    model: str
+    stream: bool
+    started_at: float
+    finished_at: float | None
+    behavior: str
+    status: int | None
+    body: JSONDict
+    headers: dict[str, str]
+
+
+@dataclass
+class MutableRecord:
+    """The live log entry of one chat request; the handler fills in status and finish time."""
+
+    deployment: str
+    model: str
+    stream: bool
+    started_at: float
+    behavior: str
+    body: JSONDict
+    headers: dict[str, str]
+    status: int | None = None
+    finished_at: float | None = None
+
+    def finish(self) -> None:
+        """Stamp the finish time (once: later calls keep the first stamp)."""
+        if self.finished_at is None:
+            self.finished_at = time.monotonic()
+
+    def snapshot(self) -> RequestRecord:
+        """A frozen copy for the test thread."""
+        return RequestRecord(
+            deployment=self.deployment,
+            model=self.model,
+            stream=self.stream,
+            started_at=self.started_at,
+            finished_at=self.finished_at,
+            behavior=self.behavior,
+            status=self.status,
+            body=self.body,
+            headers=self.headers,
+        )
+
+
+@dataclass
+class _Bucket:
+    rate: float
+    burst: int
+    retry_after: float | None
+    tokens: float
+    updated: float
+
+    def take(self, now: float) -> bool:
+        self.tokens = min(float(self.burst), self.tokens + (now - self.updated) * self.rate)
+        self.updated = now
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return True
+        return False
+
+
+@dataclass
+class _DeploymentState:
+    queue: deque[Behavior] = field(default_factory=deque)
+    default: Behavior = OK
+    outage_until: float = -math.inf
+    outage_behavior: Behavior | None = None
+    bucket: _Bucket | None = None
+    context_window: int | None = None
+    rngs: dict[Behavior, random.Random] = field(default_factory=dict)
+
+
+def check_deployment(deployment: str) -> str:
+    """``deployment`` if it is a usable path segment (non-empty, no ``/``), else ValueError."""
+    if not isinstance(deployment, str) or not deployment or "/" in deployment:
+        raise ValueError(f"deployment must be a non-empty name without '/', got {deployment!r}")
+    return deployment
+
+
+class SimulatorState:
+    """Per-deployment scripts and the request log, behind one lock (see ProviderSimulator's docs)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._states: dict[str, _DeploymentState] = {}
+        self._log: list[MutableRecord] = []
+
+    # -- scripting ---------------------------------------------------------------------------
+
+    def _state(self, deployment: str) -> _DeploymentState:
+        state = self._states.get(deployment)
+        if state is None:
+            state = self._states[deployment] = _DeploymentState()
+        return state
+
+    def script(self, deployment: str, *behaviors: Behavior) -> None:
+        """Queue ``behaviors`` for ``deployment``; each request consumes one (FIFO)."""
+        check_deployment(deployment)
+        for behavior in behaviors:
+            if not isinstance(behavior, Behavior):
+                raise ValueError(f"behaviors must be Behavior values, got {behavior!r}")
+        with self._lock:
+            self._state(deployment).queue.extend(behaviors)
+
+    def set_default(self, deployment: str, behavior: Behavior) -> None:
+        """What ``deployment`` does once its queue is empty."""
+        check_deployment(deployment)
+        if not isinstance(behavior, Behavior):
+            raise ValueError(f"behavior must be a Behavior, got {behavior!r}")
+        with self._lock:
+            self._state(deployment).default = behavior
+
+    def outage(self, deployment: str, seconds: float, behavior: Behavior | None = None) -> None:
+        """Every request in the next ``seconds`` gets ``behavior`` (default: 503)."""
+        check_deployment(deployment)
+        seconds = check_seconds("seconds", seconds)
+        if behavior is None:
+            behavior = Fault.server_error(503)
+        if not isinstance(behavior, Behavior):
+            raise ValueError(f"behavior must be a Behavior, got {behavior!r}")
+        with self._lock:
+            state = self._state(deployment)
+            state.outage_until = time.monotonic() + seconds
+            state.outage_behavior = behavior
+
+    def token_bucket(
+        self, deployment: str, rate: float, burst: int, retry_after: float | None = None
+    ) -> None:
+        """Rate-limit ``deployment``: ``burst`` tokens, refilled at ``rate`` per second."""
+        check_deployment(deployment)
+        rate = check_seconds("rate", rate)
+        burst = check_count("burst", burst)
+        if retry_after is not None:
+            retry_after = check_seconds("retry_after", retry_after)
+        with self._lock:
+            self._state(deployment).bucket = _Bucket(
+                rate=rate,
+                burst=burst,
+                retry_after=retry_after,
+                tokens=float(burst),
+                updated=time.monotonic(),
+            )
+
+    def set_context_window(self, deployment: str, tokens: int | None) -> None:
+        """Reject prompts estimated above ``tokens`` with the context-length 400 (None: off)."""
+        check_deployment(deployment)
+        if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens <= 0):
+            raise ValueError(f"tokens must be a positive integer or None, got {tokens!r}")
+        with self._lock:
+            self._state(deployment).context_window = tokens
+
+    def deployments(self) -> list[str]:
+        """The names of the deployments that have any scripted state, sorted."""
+        with self._lock:
+            return sorted(self._states)
+
+    # -- log ---------------------------------------------------------------------------------
+
+    def requests(self, deployment: str | None = None) -> list[RequestRecord]:
+        """Snapshot of the request log (arrival order), optionally for one deployment."""
+        with self._lock:
+            return [r.snapshot() for r in self._log if deployment is None or r.deployment == deployment]
+
+    def count(self, deployment: str | None = None) -> int:
+        """Number of logged chat requests, optionally for one deployment."""
+        with self._lock:
+            if deployment is None:
+                return len(self._log)
+            return sum(1 for r in self._log if r.deployment == deployment)
+
+    def clear_log(self) -> None:
+        """Forget logged requests (scripts and settings are kept)."""
+        with self._lock:
+            self._log.clear()
+
+    def reset(self) -> None:
+        """Clear the log and every script, default, outage, bucket and context window."""
+        with self._lock:
+            self._log.clear()
+            self._states.clear()
+
+    def log(self, record: MutableRecord) -> None:
+        """Append a request that gets no scripted behaviour (a malformed body)."""
+        with self._lock:
+            self._log.append(record)
+
+    def admit(
+        self,
+        deployment: str,
+        model: str,
+        stream: bool,
+        started: float,
+        body: JSONDict,
+        headers: dict[str, str],
+        prompt_tokens: int,
+    ) -> tuple[Behavior, MutableRecord]:
+        """Pick the behaviour for one chat request and log it, atomically."""
+        with self._lock:
+            behavior, name = self._choose(deployment, prompt_tokens, started)
+            record = MutableRecord(deployment, model, stream, started, name, body, headers)
+            self._log.append(record)
+        return behavior, record
+
+    def _choose(self, deployment: str, prompt_tokens: int, now: float) -> tuple[Behavior, str]:
+        """Pick the behaviour for one request (caller holds the lock)."""
+        state = self._states.get(deployment)
+        if state is None:
+            return OK, "ok"
+        prefix = ""
+        if state.outage_behavior is not None and now < state.outage_until:
+            behavior = state.outage_behavior
+            prefix = "outage:"
+        elif state.bucket is not None and not state.bucket.take(now):
+            behavior = Fault.rate_limit(retry_after=state.bucket.retry_after)
+            return behavior, "token_bucket:429"
+        elif state.context_window is not None and prompt_tokens > state.context_window:
+            return Fault.context_length(state.context_window), "context_window"
+        elif state.queue:
+            behavior = state.queue.popleft()
+        else:
+            behavior = state.default
+        names: list[str] = []
+        while behavior.kind == "flaky" and behavior.fault is not None:
+            rng = state.rngs.get(behavior)
+            if rng is None:
+                seed = behavior.seed
+                if seed is None:
+                    seed = zlib.crc32(deployment.encode())
+                rng = state.rngs[behavior] = random.Random(seed)
+            names.append("flaky:")
+            behavior = behavior.fault if rng.random() < behavior.p else OK
+        return behavior, prefix + "".join(names) + behavior.name
