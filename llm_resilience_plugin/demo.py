@@ -104,7 +104,7 @@ async def run_demo(calls_per_phase: int = 12, out: TextIO = sys.stdout) -> int:
     from llm_resilience_plugin.events import BreakerTransition, Event, FallbackTaken, RetryScheduled
     from llm_resilience_plugin.langchain import ResilientChatModel
     from llm_resilience_plugin.langchain._callbacks import CostGuardCallbackHandler
-    from llm_resilience_plugin.routing._router import ResilientRouter
+    from llm_resilience_plugin.routing import ResilientRouter
     from llm_resilience_plugin.testing._simulator import Fault, ProviderSimulator
 
     prompt = ChatPromptTemplate.from_messages([("user", "In one sentence: {question}")])

@@ -320,6 +320,29 @@ Event = (
 )
 Listener = Callable[[Event], None]
 
+REPORT_KEY = "llm_resilience_report"
+
+
+def fill_from_response(report: CallReport, resp: Any, usage: dict[str, int] | None) -> None:
+    """The served model, cost and usage of the answer."""
+    report.served_model = getattr(resp, "model", None)
+    cost = (hidden_params_of(resp) or {}).get("response_cost")
+    report.response_cost = float(cost) if isinstance(cost, int | float) else None
+    report.usage = usage
+
+
+def attach_report(obj: Any, report: CallReport) -> None:
+    """Attach ``report`` to a response or an error, where :func:`get_report` finds it."""
+    hidden = hidden_params_of(obj)
+    if hidden is not None:
+        hidden[REPORT_KEY] = report
+        return
+    try:
+        setattr(obj, REPORT_KEY, report)
+    except (AttributeError, TypeError):
+        pass
+
+
 _EVENT_NAMES: dict[type, str] = {
     AttemptRecord: "attempt",
     RetryScheduled: "retry",

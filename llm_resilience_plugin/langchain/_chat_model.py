@@ -56,7 +56,7 @@ from llm_resilience_plugin.policy import (
     load_config,
     spec_from_mapping,
 )
-from llm_resilience_plugin.routing._router import ResilientRouter, get_report
+from llm_resilience_plugin.routing import ResilientRouter, get_report
 
 CONFIG_ENV = "LLM_RESILIENCE_CONFIG"
 API_KEY_ENV = "LLM_RESILIENCE_API_KEY"

@@ -63,7 +63,7 @@ from llm_resilience_plugin.events import (
 )
 from llm_resilience_plugin.langchain._bridge import _SINK, EventSink, config_deadline
 from llm_resilience_plugin.policy import EffectivePolicy, ResiliencePolicy, build_policy
-from llm_resilience_plugin.routing._router import REPORT_KEY
+from llm_resilience_plugin.events import REPORT_KEY
 
 Input = TypeVar("Input")
 Output = TypeVar("Output")

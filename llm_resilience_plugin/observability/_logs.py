@@ -385,7 +385,7 @@ class RouterEventLogger:
                 "llm_retry",
                 self.level,
                 {
-                    "ts": iso_ts(self.router._clock.wall()),
+                    "ts": iso_ts(self.router.clock.wall()),
                     "call_id": event.call_id,
                     "model_group": event.model_group,
                     "retry_number": event.retry_number,
@@ -400,7 +400,7 @@ class RouterEventLogger:
                 "llm_fallback",
                 warn,
                 {
-                    "ts": iso_ts(self.router._clock.wall()),
+                    "ts": iso_ts(self.router.clock.wall()),
                     "call_id": event.call_id,
                     "from_group": event.from_group,
                     "to_group": event.to_group,

@@ -13,18 +13,17 @@ import asyncio
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
 
+from llm_resilience_plugin._engine.drivers import walk_routes
 from llm_resilience_plugin._engine.taxonomy import classify
 from llm_resilience_plugin._engine.watchdog import AttemptWatchdog
 from llm_resilience_plugin.errors import StreamInterruptedError
 from llm_resilience_plugin.events import CallReport, StreamRestart, hidden_params_of, usage_of
 
 if TYPE_CHECKING:
-    from llm_resilience_plugin.routing._router import (
-        ResilientRouter,
-        _AttemptContext,
-        _CallContext,
-        _SyncRunner,
-    )
+    from llm_resilience_plugin._engine.attempt import AttemptContext
+    from llm_resilience_plugin._engine.core import CallState
+    from llm_resilience_plugin._engine.drivers import SyncRunner
+    from llm_resilience_plugin._engine.engine import Engine
 
 
 def chunk_has_payload(chunk: Any) -> bool:
@@ -67,24 +66,24 @@ class ResilientStream:
 
     def __init__(
         self,
-        router: ResilientRouter,
-        ctx: _CallContext,
+        engine: Engine,
+        ctx: CallState,
         group: str,
         level: int,
-        actx: _AttemptContext,
+        actx: AttemptContext,
         pre: Prefetched,
         started_wall: float,
         ttft: float,
         wait_before: float,
     ) -> None:
-        self._router = router
+        self._engine = engine
         self._ctx = ctx
         self._group = group
         self._level = level
         self._actx = actx
         self._pre = pre
         self._started_wall = started_wall
-        self._t0 = router._clock.monotonic() - ttft
+        self._t0 = engine.clock.monotonic() - ttft
         self._ttft = ttft
         self._wait_before = wait_before
         self._parts: list[str] = []
@@ -113,8 +112,8 @@ class ResilientStream:
     async def _iterate(self) -> AsyncIterator[Any]:
         if self._closed:
             return
-        router = self._router
-        pol = router._policies[self._group]
+        engine = self._engine
+        pol = engine.policies[self._group]
         idle = self._ctx.opts.stream_idle_timeout or pol.stream_idle_timeout
         try:
             for chunk in self._pre.buffered:
@@ -155,10 +154,10 @@ class ResilientStream:
     async def _restart(self, exc: BaseException) -> tuple[StreamRestart, Any] | None:
         """Opt-in: continue the partial answer by assistant prefill on a deployment that supports
         it, or restart from scratch on another route. Any failure here surfaces the original one."""
-        router = self._router
+        engine = self._engine
         ctx = self._ctx
         requested = self.report.requested_group
-        pol = router._policies[requested]
+        pol = engine.policies[requested]
         constrained = "response_format" in self._kwargs or self._kwargs.get("tool_choice") not in (
             None,
             "auto",
@@ -177,14 +176,14 @@ class ResilientStream:
         self._fail(exc, final=False)
         failure = classify(exc)
         self.report.stream_restarts += 1
-        if ctx.deadline.remaining() <= router.policy.min_attempt_time:
+        if ctx.deadline.remaining() <= engine.policy.min_attempt_time:
             self._give_up(failure)
             return None
         if can_continue:
             prefill = {"role": "assistant", "content": self.partial_text, "prefix": True}
             ctx.require_prefill = True
             try:
-                nxt = await router._walk_routes(ctx, requested, [*self._messages, prefill], self._kwargs)
+                nxt = await walk_routes(engine, ctx, requested, [*self._messages, prefill], self._kwargs)
             except Exception:
                 nxt = None  # a rejected prefill never hides the original failure
             finally:
@@ -193,16 +192,16 @@ class ResilientStream:
                 marker = StreamRestart(
                     ctx.call_id, self._group, self.partial_text, failure.error_class, mode="continue"
                 )
-                router._emit(ctx, marker)
+                engine.emit(ctx, marker)
                 self._next = nxt
                 return marker, nxt
             if not pol.restart_broken_streams:
                 self._give_up(failure)
             return None
         marker = StreamRestart(ctx.call_id, self._group, self.partial_text, failure.error_class)
-        router._emit(ctx, marker)
+        engine.emit(ctx, marker)
         try:
-            nxt = await router._walk_routes(ctx, requested, self._messages, self._kwargs)
+            nxt = await walk_routes(engine, ctx, requested, self._messages, self._kwargs)
         except Exception:
             self._give_up(failure)
             return None
@@ -213,7 +212,7 @@ class ResilientStream:
         """Surface the original mid-stream failure after a recovery attempt did not work."""
         self.report.outcome = "failure"
         self.report.error_class = failure.error_class
-        self._router._emit(self._ctx, self.report)
+        self._engine.emit(self._ctx, self.report)
 
     def _observe(self, chunk: Any) -> None:
         for choice in getattr(chunk, "choices", None) or []:
@@ -238,9 +237,9 @@ class ResilientStream:
         if self._closed:
             return
         self._closed = True
-        r = self._router
-        latency = r._clock.monotonic() - self._t0
-        r._on_success(
+        engine = self._engine
+        latency = engine.clock.monotonic() - self._t0
+        engine.attempt_succeeded(
             self._ctx,
             self._group,
             self._level,
@@ -254,20 +253,20 @@ class ResilientStream:
         self.report.outcome = "success"
         self.report.usage = self.usage
         self.report.deployment_id = self._actx.picked
-        self.report.total_latency_s = r._clock.wall() - self.report.started_at
-        r._emit(self._ctx, self.report)
+        self.report.total_latency_s = engine.clock.wall() - self.report.started_at
+        engine.emit(self._ctx, self.report)
 
     def _fail(self, exc: BaseException, *, final: bool) -> None:
         if self._closed:
             return
         self._closed = True
-        r = self._router
+        engine = self._engine
         failure = classify(exc)
-        latency = r._clock.monotonic() - self._t0
+        latency = engine.clock.monotonic() - self._t0
         if self._actx.guard_tokens and self.partial_text:
             # Content was generated (and billed): settle like a stream cut short, not a release.
             self._actx.settle_guards(None, self.usage, None)
-        r._on_failure(
+        engine.attempt_failed(
             self._ctx,
             self._group,
             self._level,
@@ -280,7 +279,7 @@ class ResilientStream:
         if final:
             self.report.outcome = "failure"
             self.report.error_class = failure.error_class
-            r._emit(self._ctx, self.report)
+            engine.emit(self._ctx, self.report)
 
     def _close_cancelled(self) -> None:
         if self._closed:
@@ -288,12 +287,12 @@ class ResilientStream:
         self._closed = True
         adm = self._actx.admission
         if adm is not None:
-            self._router._breakers[adm.deployment_id].release(adm)
+            self._engine.release(adm)
         if self._actx.guard_tokens:
             # Cut short by the caller: the guard settles its estimate (no final usage is known).
             self._actx.settle_guards(None, self.usage, None)
         self.report.outcome = "cancelled"
-        self._router._emit(self._ctx, self.report)
+        self._engine.emit(self._ctx, self.report)
 
     async def aclose(self) -> None:
         """Stop early (the deployment's breaker counts neither success nor failure)."""
@@ -311,13 +310,13 @@ class ResilientStream:
 class StaticStream:
     """A configured static answer delivered as a one-chunk stream (marked degraded)."""
 
-    def __init__(self, response: Any, report: CallReport, router: ResilientRouter, ctx: _CallContext) -> None:
+    def __init__(self, response: Any, report: CallReport, engine: Engine, ctx: CallState) -> None:
         import litellm
 
         text = response.choices[0].message.content
         choice: Any = {"index": 0, "delta": {"role": "assistant", "content": text}, "finish_reason": "stop"}
         self._chunk = litellm.ModelResponseStream(model=response.model, choices=[choice])
-        self._router = router
+        self._engine = engine
         self._ctx = ctx
         self.report = report
         self.usage: dict[str, int] | None = None
@@ -329,7 +328,7 @@ class StaticStream:
     async def _iterate(self) -> AsyncIterator[Any]:
         yield self._chunk
         self.report.outcome = "success"
-        self._router._emit(self._ctx, self.report)
+        self._engine.emit(self._ctx, self.report)
 
     async def aclose(self) -> None:
         return None
@@ -338,7 +337,7 @@ class StaticStream:
 class SyncResilientStream:
     """Blocking iterator over a :class:`ResilientStream`, driven on the router's private loop."""
 
-    def __init__(self, stream: ResilientStream | StaticStream, runner: _SyncRunner) -> None:
+    def __init__(self, stream: ResilientStream | StaticStream, runner: SyncRunner) -> None:
         self._stream = stream
         self._runner = runner
         self._it = stream.__aiter__()

@@ -181,7 +181,7 @@ async def test_hedge_delay_learned_from_p95(make_router: RouterFactory, sim):
     )
     for _ in range(8):
         await router.acompletion(model="primary", messages=MSG)
-    learned = router._hedges["primary"].delay()
+    learned = router.engine.hedges["primary"].delay()
     assert 0.0 < learned < 1.0  # learned from real latencies, not the 5 s initial delay
 
 

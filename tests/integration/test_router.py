@@ -591,19 +591,19 @@ async def test_before_retry_hook_is_awaited_before_each_sleep(make_router: Route
 async def test_hooks_are_registered_only_while_an_attempt_needs_them(make_router: RouterFactory, sim):
     """A healthy call registers neither LiteLLM hook (LiteLLM does more work per request while one
     is registered, for every Router in the process); a retry holds both, and lets them go."""
-    from llm_resilience_plugin.routing import _router as module
+    from llm_resilience_plugin.routing import _hooks as module
 
     def registered() -> tuple[bool, bool]:
         return (
-            any(cb is module._PICK.hook for cb in litellm.input_callback),
-            any(cb is module._FILTER.hook for cb in litellm.callbacks),
+            any(cb is module.PICK.hook for cb in litellm.input_callback),
+            any(cb is module.FILTER.hook for cb in litellm.callbacks),
         )
 
     router = make_router({"primary": ["a", "b"]})
     seen: list[tuple[bool, bool]] = []
     router.subscribe(lambda e: seen.append(registered()) if isinstance(e, AttemptRecord) else None)
     resp = await router.acompletion(model="primary", messages=MSG)
-    assert registered() == (False, False) and module._PICK.users == module._FILTER.users == 0
+    assert registered() == (False, False) and module.PICK.users == module.FILTER.users == 0
     # The fast path still knows which deployment answered, from LiteLLM's own metadata.
     assert get_report(resp).attempts[0].deployment_id in {"a", "b"}  # type: ignore[union-attr]
 
@@ -611,7 +611,7 @@ async def test_hooks_are_registered_only_while_an_attempt_needs_them(make_router
     sim.script("b", Fault.server_error(500))
     await router.acompletion(model="primary", messages=MSG)
     assert (True, True) in seen  # the retry's attempt held both while it ran
-    assert registered() == (False, False) and module._PICK.users == module._FILTER.users == 0
+    assert registered() == (False, False) and module.PICK.users == module.FILTER.users == 0
     router.close()
     router.close()  # idempotent
     plain = litellm.Router(

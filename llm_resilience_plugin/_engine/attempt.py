@@ -1,0 +1,150 @@
+"""One attempt's context: the deployment filter's choice, its breaker ticket, its guard tokens."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from llm_resilience_plugin._engine.breakers import Admission, DeploymentBreaker
+from llm_resilience_plugin._engine.core import CallState
+from llm_resilience_plugin.errors import CircuitOpenError, Failure
+from llm_resilience_plugin.events import AttemptGuard
+
+if TYPE_CHECKING:
+    from llm_resilience_plugin._engine.engine import Engine
+
+ATTEMPT_IDS = itertools.count()
+
+
+def deployment_id_of(d: Mapping[str, Any]) -> str:
+    """The id of one of LiteLLM's deployment dicts."""
+    return str((d.get("model_info") or {}).get("id"))
+
+
+@dataclass(slots=True)
+class AttemptContext:
+    """One attempt in flight: where it may go, where it went, its breaker ticket and guard tokens."""
+
+    engine: Engine
+    call: CallState
+    group: str
+    exclude: frozenset[str] = frozenset()
+    token: str = ""  # names this attempt to the dispatcher's hooks
+    hedged: bool = False  # a hedge must know its deployment while the request is in flight
+    admission: Admission | None = None
+    generations: dict[str, int] = field(default_factory=dict)
+    picked: str | None = None
+    sent: bool = False
+    guard_tokens: list[tuple[AttemptGuard, Any]] = field(default_factory=list)
+    # What the dispatcher holds for this attempt (hooks, registrations), let go once the engine
+    # has accounted for the outcome.
+    cleanups: list[Callable[[], None]] = field(default_factory=list)
+
+    def clean_up(self) -> None:
+        """Run and forget the dispatcher's cleanups (each once)."""
+        cleanups, self.cleanups = self.cleanups, []
+        for fn in cleanups:
+            fn()
+
+    def settle_guards(
+        self, response: Any | None, usage: Mapping[str, int] | None, failure: Failure | None
+    ) -> None:
+        tokens, self.guard_tokens = self.guard_tokens, []
+        for guard, token in tokens:
+            try:
+                guard.after_attempt(
+                    token,
+                    deployment_id=self.picked,
+                    response=response,
+                    usage=usage,
+                    failure=failure,
+                )
+            except Exception:
+                import logging
+
+                logging.getLogger("llm_resilience").exception("attempt guard failed to settle")
+
+    def select(self, healthy: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Choose which of LiteLLM's candidates may be picked (the deployment filter)."""
+        if self.admission is not None:  # LiteLLM asked twice for one attempt: keep the ticket
+            kept = [d for d in healthy if deployment_id_of(d) == self.admission.deployment_id]
+            if kept:
+                return kept
+        breakers = self.engine.breakers
+        call = self.call
+        if not call.failed and not self.exclude and not call.require_prefill and self.engine.all_clear():
+            # Fast path: every breaker closed, nothing held: LiteLLM's candidates stand as they are.
+            if len(healthy) == 1:
+                self.pick(deployment_id_of(healthy[0]))
+            return healthy
+        now = self.engine.clock.wall()
+        preferred: list[dict[str, Any]] = []
+        fallback: list[dict[str, Any]] = []
+        probes: list[tuple[DeploymentBreaker, dict[str, Any]]] = []
+        blocked: list[str] = []
+        for d in healthy:
+            dep = deployment_id_of(d)
+            b = breakers.get(dep)
+            if b is None:
+                preferred.append(d)
+                continue
+            if dep in call.never_again or dep in self.exclude:
+                blocked.append(dep)
+                continue
+            if call.require_prefill and not self.engine.deployments[dep].supports_prefill:
+                blocked.append(dep)
+                continue
+            state = b.state
+            if state != "closed":
+                if b.could_admit(now) and dep not in call.failed:
+                    probes.append((b, d))
+                else:
+                    blocked.append(dep)
+                continue
+            if dep in call.failed or b.held_for(now) > 0:
+                fallback.append(d)
+            else:
+                preferred.append(d)
+        # A recovering deployment gets its probe first, so it is tested promptly.
+        for b, d in probes:
+            adm = b.admit()
+            if adm is not None:
+                self.admission = adm
+                self.picked = b.deployment_id
+                return [d]
+        pool = preferred or fallback
+        if not pool:
+            raise CircuitOpenError(self.group, blocked or [deployment_id_of(d) for d in healthy])
+        for d in pool:
+            dep = deployment_id_of(d)
+            b = breakers.get(dep)
+            if b is not None:
+                self.generations[dep] = b.generation
+        if len(pool) == 1:
+            self.pick(deployment_id_of(pool[0]))
+        return pool
+
+    def learn(self, dep: str | None, epoch: int) -> None:
+        """A non-precise attempt's deployment, read back after it ended. Every breaker was closed
+        when it started (router epoch ``epoch``), so its ticket is the closed one, unless that
+        breaker has changed since: then, like any stale ticket, its outcome counts for nothing."""
+        if self.picked is not None or dep is None:  # the pick hook saw it (another attempt's)
+            return
+        if self.engine.changed_at.get(dep, -1) <= epoch:
+            self.pick(dep)
+        else:
+            self.picked = dep
+
+    def pick(self, dep: str) -> None:
+        """Record that this attempt goes to ``dep`` (with the breaker ticket it was admitted on)."""
+        if self.picked is not None and self.admission is not None:
+            return
+        self.picked = dep
+        gen = self.generations.get(dep)
+        if gen is None:
+            b = self.engine.breakers.get(dep)
+            gen = b.generation if b is not None else None
+        if gen is not None:
+            self.admission = Admission(dep, gen, probe=False)

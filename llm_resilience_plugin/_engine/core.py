@@ -1,0 +1,227 @@
+"""The decision core: what a call does next, given its state and the outcome of an attempt.
+
+No I/O here. The drivers (:mod:`._engine.drivers`) send attempts and sleep; these functions decide:
+which options a call carries, which group to fail over to, whether a context overflow is trimmed,
+and which error the caller finally sees.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import tenacity
+
+from llm_resilience_plugin._engine.clock import Deadline
+from llm_resilience_plugin.errors import (
+    AllRoutesFailedError,
+    ConfigError,
+    DeadlineExceededError,
+    ErrorClass,
+    Failure,
+)
+from llm_resilience_plugin.events import CallReport, Listener, attach_report
+from llm_resilience_plugin.policy import EffectivePolicy, ResiliencePolicy, TierPolicy
+
+BeforeRetry = Callable[[tenacity.RetryCallState], Awaitable[None] | None]
+
+# Plugin options a caller may pass with LiteLLM's kwargs; taken out before LiteLLM sees the call.
+OPTION_KEYS = frozenset(
+    {
+        "attempt_timeout",
+        "first_chunk_timeout",
+        "stream_idle_timeout",
+        "idempotency_key",
+        "idempotent",
+        "priority",
+        "scenario",
+    }
+)
+
+# Failure classes raised to the caller as themselves: the provider's own error says it best.
+RAISED_AS_THEMSELVES = (
+    ErrorClass.BAD_REQUEST,
+    ErrorClass.CONTEXT_WINDOW,
+    ErrorClass.CONTENT_POLICY,
+    ErrorClass.BUDGET,
+    ErrorClass.UNKNOWN,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class CallOptions:
+    """Per-call overrides, taken out of the LiteLLM kwargs before anything is sent."""
+
+    key: str | None = None
+    idempotent: bool = True
+    attempt_timeout: float | None = None
+    first_chunk_timeout: float | None = None
+    stream_idle_timeout: float | None = None
+    priority: str | None = None
+    scenario: str | None = None
+
+
+NO_OPTIONS = CallOptions()
+
+
+def positive_seconds(name: str, value: Any) -> float | None:
+    """``value`` as a positive float of seconds (None stays None); a ConfigError naming ``name``."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ConfigError(name, "must be a positive number of seconds")
+    return float(value)
+
+
+def split_options(kwargs: Mapping[str, Any]) -> tuple[CallOptions, dict[str, Any]]:
+    """Validate the plugin's per-call options and take them out of LiteLLM's kwargs."""
+    clean = {k: v for k, v in kwargs.items() if k not in OPTION_KEYS}
+    timeout = clean.pop("timeout", None)
+    attempt_timeout = positive_seconds("attempt_timeout", kwargs.get("attempt_timeout"))
+    if attempt_timeout is None and isinstance(timeout, int | float) and not isinstance(timeout, bool):
+        attempt_timeout = positive_seconds("timeout", timeout)
+    key = kwargs.get("idempotency_key")
+    if key is not None and (not isinstance(key, str) or not key):
+        raise ConfigError("idempotency_key", "must be a non-empty string")
+    priority = kwargs.get("priority")
+    if priority is not None and not isinstance(priority, str):
+        raise ConfigError("priority", "must be a string naming a configured tier")
+    scenario = kwargs.get("scenario")
+    if scenario is not None and not isinstance(scenario, str):
+        raise ConfigError("scenario", "must be a string naming a configured static answer")
+    opts = CallOptions(
+        key=key,
+        idempotent=bool(kwargs.get("idempotent", True)),
+        attempt_timeout=attempt_timeout,
+        first_chunk_timeout=positive_seconds("first_chunk_timeout", kwargs.get("first_chunk_timeout")),
+        stream_idle_timeout=positive_seconds("stream_idle_timeout", kwargs.get("stream_idle_timeout")),
+        priority=priority,
+        scenario=scenario,
+    )
+    return opts, clean
+
+
+class Served(NamedTuple):
+    """The last answer of a call, as its attempt read it (so the report is filled without re-reading)."""
+
+    response: Any
+    usage: dict[str, int] | None
+    deployment_id: str | None
+
+
+@dataclass(slots=True)
+class CallState:
+    """Everything one logical call carries across its attempts, retries and fallbacks."""
+
+    call_id: str
+    report: CallReport
+    deadline: Deadline
+    stream: bool
+    listener: Listener | None
+    before_retry: BeforeRetry | None
+    failed: set[str] = field(default_factory=set)
+    never_again: set[str] = field(default_factory=set)
+    attempt_no: int = 0
+    next_wait: float = 0.0
+    failures: list[Failure] = field(default_factory=list)
+    opts: CallOptions = field(default_factory=lambda: NO_OPTIONS)
+    tier: TierPolicy | None = None
+    require_prefill: bool = False
+    out_of_time: bool = False  # a retry or fallback was given up because it would not fit
+    served: Served | None = None  # the last answer, as its attempt read it
+
+
+def next_route(
+    call: CallState,
+    policy: ResiliencePolicy,
+    group_policy: EffectivePolicy,
+    chain: Sequence[str],
+    failure: Failure,
+    tried: Sequence[str],
+    level: int = 0,
+) -> str | None:
+    """The fallback group to move to after ``failure`` exhausted a group, or None to stop.
+
+    ``chain`` is the requested group's fallback chain for the failure's class; ``tried`` the
+    groups already walked; ``level`` the current fallback level.
+    """
+    if group_policy.classes[failure.error_class].action == "fail":
+        return None
+    if call.deadline.remaining() <= policy.min_attempt_time:
+        return None
+    if len(tried) - 1 >= policy.max_fallbacks:
+        return None
+    if call.tier is not None and call.tier.max_fallback_level is not None:
+        if level + 1 > call.tier.max_fallback_level:
+            return None
+    for g in chain:
+        if g not in tried:
+            return g
+    return None
+
+
+def wants_static_answer(call: CallState, failure: Failure, static_answers: Mapping[str, str]) -> str | None:
+    """The configured static answer for this call's scenario, if the failure allows degrading to it."""
+    scenario = call.opts.scenario
+    if scenario is None or failure.error_class in (ErrorClass.BAD_REQUEST, ErrorClass.UNKNOWN):
+        return None
+    return static_answers.get(scenario)
+
+
+def final_error(call: CallState, min_attempt_time: float) -> BaseException:
+    """The most informative error: a non-retryable provider error as itself, otherwise one
+    error listing every attempt, chained to the first root cause."""
+    failures = call.failures
+    report = call.report
+    for f in failures:
+        if f.error_class in RAISED_AS_THEMSELVES:
+            attach_report(f.exception, report)
+            return f.exception
+    root = next((f for f in failures if f.error_class is not ErrorClass.CIRCUIT_OPEN), None)
+    root = root or (failures[0] if failures else None)
+    n = report.upstream_requests
+    out_of_time = call.out_of_time or call.deadline.remaining() <= min_attempt_time
+    if out_of_time and failures:
+        err: AllRoutesFailedError = DeadlineExceededError(
+            f"deadline exceeded after {n} request(s) for {report.requested_group!r}",
+            report.attempts,
+            report,
+        )
+    else:
+        err = AllRoutesFailedError(
+            f"all routes failed for {report.requested_group!r} after {n} request(s)",
+            report.attempts,
+            report,
+        )
+    if root is not None:
+        err.__cause__ = root.exception
+    return err
+
+
+def attempt_limit(call: CallState, pol: EffectivePolicy) -> float:
+    """The configured time limit of one attempt (first chunk for streams), before the deadline."""
+    if call.stream:
+        return call.opts.first_chunk_timeout or call.opts.attempt_timeout or pol.first_chunk_timeout
+    return call.opts.attempt_timeout or pol.attempt_timeout
+
+
+def coarse_timeout(seconds: float, cap: float) -> float:
+    """``seconds`` rounded up to a whole second (a tenth below one second), at most ``cap``."""
+    import math
+
+    step = 1.0 if seconds >= 1.0 else 0.1
+    return min(cap, math.ceil(seconds / step) * step)
+
+
+def attempt_timeouts(limit: float, remaining: float) -> tuple[float, float, float]:
+    """(exact timeout, the timeout sent to LiteLLM, the watchdog's hard bound) for one attempt.
+
+    LiteLLM builds and caches an HTTP client per timeout value: the rest of a deadline is a new
+    value every call, so it gets a coarse one (few values, cache hits) and the watchdog holds the
+    exact bound. A configured attempt timeout goes through as it is.
+    """
+    timeout = min(limit, remaining)
+    sent = timeout if timeout == limit else coarse_timeout(timeout, limit)
+    bound = timeout if sent > timeout else timeout + 0.25
+    return timeout, sent, bound

@@ -1,0 +1,344 @@
+"""The drivers: walk a call's routes with the engine — attempts, tenacity retries inside a group,
+hedges, fallbacks, degradation — and a private event-loop thread so sync calls run the same loop.
+
+Every decision comes from :mod:`._engine.core` and :mod:`._engine.retry`; these functions only
+sequence them, await attempts and sleep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Coroutine, Mapping
+from typing import Any
+
+import tenacity
+
+from llm_resilience_plugin._engine.attempt import AttemptContext
+from llm_resilience_plugin._engine.core import CallState, final_error, next_route, wants_static_answer
+from llm_resilience_plugin._engine.degradation import (
+    apply_level,
+    context_limit_from_error,
+    prompt_tokens_from_error,
+    static_response,
+    trim_messages,
+)
+from llm_resilience_plugin._engine.engine import Engine
+from llm_resilience_plugin._engine.hedging import HedgeState
+from llm_resilience_plugin._engine.retry import AttemptFailed, GroupRetryState, build_retrying
+from llm_resilience_plugin.errors import ErrorClass, Failure
+from llm_resilience_plugin.events import (
+    FallbackTaken,
+    HedgeSent,
+    RetryScheduled,
+    attach_report,
+    fill_from_response,
+    usage_of,
+)
+
+
+async def walk_routes(
+    engine: Engine, call: CallState, requested: str, messages: list[dict[str, Any]], kwargs: dict[str, Any]
+) -> Any:
+    """The whole call: the requested group, then its fallback chain, until one answers."""
+    degradation = engine.policies[requested].degradation
+    group, level, tried = requested, 0, [requested]
+    call_messages, call_kwargs, trimmed = messages, kwargs, False
+    while True:
+        try:
+            # The first attempt runs before tenacity is built: most calls succeed at once and
+            # never pay for a retry loop. A failure is handed to tenacity as its attempt 1.
+            call.next_wait = 0.0
+            call.out_of_time = False
+            hedge = engine.hedge_for(call, group)
+            try:
+                if hedge is None:
+                    result = await engine.attempt(call, group, level, call_messages, call_kwargs)
+                else:
+                    result = await _hedged_attempt(
+                        engine, call, group, level, call_messages, call_kwargs, hedge
+                    )
+            except AttemptFailed as first:
+                result = await _retry_group(
+                    engine, call, group, level, call_messages, call_kwargs, hedge, first
+                )
+        except AttemptFailed as af:
+            failure = af.failure
+            chain = engine.spec.fallback_chain(requested, failure.error_class)
+            nxt = next_route(call, engine.policy, engine.policies[requested], chain, failure, tried, level)
+            if (
+                nxt is None
+                and not trimmed
+                and failure.error_class is ErrorClass.CONTEXT_WINDOW
+                and degradation.trim_context_on_overflow
+            ):
+                smaller = _trimmed(engine, group, call_messages, call_kwargs, failure, degradation)
+                if smaller is not None:
+                    trimmed = True
+                    call.report.degraded.append(
+                        f"context trimmed: {len(call_messages)} -> {len(smaller)} messages"
+                    )
+                    call_messages = smaller
+                    continue
+            if nxt is None:
+                static = _static_answer(engine, call, requested, failure, call_messages)
+                if static is not None:
+                    finish(engine, call, static, None, group=None, level=level)
+                    return static
+                finish(engine, call, None, failure)
+                err = final_error(call, engine.policy.min_attempt_time)
+                raise err from err.__cause__
+            engine.emit(call, FallbackTaken(call.call_id, group, nxt, level + 1, failure.error_class))
+            tried.append(nxt)
+            group = nxt
+            level += 1
+            call_kwargs = _degrade_for_level(engine, call, degradation.levels.get(level), kwargs, level)
+            continue
+        finish(engine, call, result, None, group=group, level=level)
+        return result
+
+
+def _trimmed(
+    engine: Engine,
+    group: str,
+    messages: list[dict[str, Any]],
+    kwargs: Mapping[str, Any],
+    failure: Failure,
+    degradation: Any,
+) -> list[dict[str, Any]] | None:
+    import litellm
+
+    ids = engine.group_deployments.get(group, [])
+    model = engine.deployments[ids[0]].model if ids else "gpt-4o-mini"
+    limit = context_limit_from_error(failure.message)
+    if limit is None:
+        try:
+            limit = int(litellm.get_model_info(model).get("max_input_tokens") or 0) or None
+        except Exception:
+            limit = None
+    if limit is None:
+        return None
+    return trim_messages(
+        messages,
+        limit,
+        model=model,
+        reserve_output=int(kwargs.get("max_tokens") or 0),
+        keep_last=degradation.keep_last_messages,
+        provider_count=prompt_tokens_from_error(failure.message),
+    )
+
+
+def _degrade_for_level(
+    engine: Engine, call: CallState, level_policy: Any, kwargs: dict[str, Any], level: int
+) -> dict[str, Any]:
+    out, changes = apply_level(kwargs, level_policy)
+    if level_policy is not None and level_policy.deadline is not None:
+        capped = engine.clock.monotonic() + level_policy.deadline
+        if capped < call.deadline.expires_at:
+            call.deadline.expires_at = capped
+            changes.append(f"deadline={level_policy.deadline}s")
+    if changes:
+        call.report.degraded.append(f"fallback level {level}: " + ", ".join(changes))
+    return out
+
+
+def _static_answer(
+    engine: Engine, call: CallState, requested: str, failure: Failure, messages: list[dict[str, Any]]
+) -> Any | None:
+    text = wants_static_answer(call, failure, engine.policies[requested].degradation.static_answers)
+    if text is None:
+        return None
+    scenario = call.opts.scenario or ""
+    call.report.degraded.append(f"static answer: {scenario}")
+    resp = static_response(text, requested, scenario, messages)
+    if call.stream:
+        assert engine.dispatcher is not None
+        return engine.dispatcher.static_stream(resp, call)
+    return resp
+
+
+def finish(
+    engine: Engine,
+    call: CallState,
+    result: Any,
+    failure: Failure | None,
+    *,
+    group: str | None = None,
+    level: int = 0,
+) -> None:
+    """Fill the call's report from its outcome and publish it (a live stream publishes at its end)."""
+    r = call.report
+    r.total_latency_s = engine.clock.wall() - r.started_at
+    if failure is not None:
+        r.outcome = "failure"
+        r.error_class = failure.error_class
+    else:
+        r.outcome = "success"
+        r.served_group = group
+        r.fallback_level = level
+        served = call.served
+        if served is not None and served.response is result:  # what the attempt read
+            r.deployment_id, usage = served.deployment_id, served.usage
+        else:  # a static answer, or a stream
+            last = next((a for a in reversed(r.attempts) if a.outcome == "success"), None)
+            r.deployment_id, usage = (last.deployment_id if last else None), None
+        assert engine.dispatcher is not None
+        if result is not None and not engine.dispatcher.is_stream(result):
+            fill_from_response(r, result, usage_of(result) if usage is None else usage)
+            attach_report(result, r)
+    if not call.stream or failure is not None:
+        engine.emit(call, r)
+
+
+async def _retry_group(
+    engine: Engine,
+    call: CallState,
+    group: str,
+    level: int,
+    messages: list[dict[str, Any]],
+    kwargs: dict[str, Any],
+    hedge: HedgeState | None,
+    first_failure: AttemptFailed,
+) -> Any:
+    """Attempts 2..n in ``group``: tenacity decides whether, when and how often."""
+    state = GroupRetryState(
+        policy=engine.policies[group],
+        budget=engine.budgets[group],
+        deadline=call.deadline,
+        rng=engine.rng,
+        earliest_free=lambda: engine.earliest_free(call, group),
+        retry_cap=call.tier.max_retries if call.tier is not None else None,
+        has_fallback=engine.has_fallback(call, group),
+    )
+
+    async def before_sleep(rs: tenacity.RetryCallState) -> None:
+        exc = rs.outcome.exception() if rs.outcome else None
+        sleep_s = rs.upcoming_sleep or 0.0
+        call.next_wait = sleep_s
+        if isinstance(exc, AttemptFailed):
+            engine.emit(
+                call,
+                RetryScheduled(
+                    call.call_id,
+                    group,
+                    rs.attempt_number,
+                    sleep_s,
+                    exc.failure.error_class,
+                    exc.deployment_id,
+                ),
+            )
+        if call.before_retry is not None:
+            maybe = call.before_retry(rs)
+            if maybe is not None:
+                await maybe
+
+    first: AttemptFailed | None = first_failure
+    retrying = build_retrying(state, engine.clock, before_sleep)
+    try:
+        async for attempt in retrying:
+            with attempt:
+                if first is not None:
+                    pending, first = first, None
+                    raise pending
+                if hedge is None:
+                    return await engine.attempt(call, group, level, messages, kwargs)
+                return await _hedged_attempt(engine, call, group, level, messages, kwargs, hedge)
+    except AttemptFailed:
+        if state.gave_up_reason is not None and state.gave_up_reason.startswith("no time left"):
+            call.out_of_time = True
+        raise
+    raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
+
+
+async def _hedged_attempt(
+    engine: Engine,
+    call: CallState,
+    group: str,
+    level: int,
+    messages: list[dict[str, Any]],
+    kwargs: dict[str, Any],
+    hedge: HedgeState,
+) -> Any:
+    """Race a second request to another deployment if the first is slow; first answer wins,
+    the other is cancelled (its breaker counts neither, its reservation is released)."""
+    assert engine.dispatcher is not None
+    hedge.on_call()
+    holder: list[AttemptContext] = []
+    first: asyncio.Future[Any] = asyncio.ensure_future(
+        engine.attempt(call, group, level, messages, kwargs, holder=holder)
+    )
+    tasks: list[asyncio.Future[Any]] = [first]
+    try:
+        delay = min(hedge.delay(), call.deadline.remaining())
+        done, _ = await asyncio.wait({first}, timeout=delay)
+        if done:
+            return first.result()
+        picked = holder[0].picked if holder else None
+        others = [d for d in engine.admissible(call, group, engine.clock.wall()) if d != picked]
+        budget = engine.budgets[group]
+        if not others or not budget.allows_retry() or not hedge.try_take():
+            return await first
+        budget.spend()
+        call.report.hedged = True
+        engine.emit(call, HedgeSent(call.call_id, group, delay, picked))
+        exclude = frozenset({picked}) if picked else frozenset()
+        second: asyncio.Future[Any] = asyncio.ensure_future(
+            engine.attempt(call, group, level, messages, kwargs, exclude=exclude)
+        )
+        tasks.append(second)
+        pending: set[asyncio.Future[Any]] = {first, second}
+        errors: list[BaseException] = []
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for t in sorted(done, key=tasks.index):
+                exc = t.exception()
+                if exc is None:
+                    for other in done - {t}:
+                        if other.exception() is None:
+                            await engine.dispatcher.discard(other.result())
+                    return t.result()
+                errors.append(exc)
+        raise errors[0]
+    finally:
+        for t in tasks:
+            if not t.done():
+                t.cancel()
+        leftovers = [t for t in tasks if not t.done()]
+        if leftovers:
+            await asyncio.gather(*leftovers, return_exceptions=True)
+
+
+class SyncRunner:
+    """The sync driver: a private event loop on a daemon thread, so blocking calls run the same
+    async loop (safe from any thread)."""
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lock = threading.Lock()
+
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The running private loop (started on first use)."""
+        with self._lock:
+            if self._loop is None or self._loop.is_closed():
+                loop = asyncio.new_event_loop()
+                t = threading.Thread(target=loop.run_forever, name="llm-resilience-sync", daemon=True)
+                t.start()
+                self._loop = loop
+            return self._loop
+
+    def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        """Run ``coro`` on the private loop and wait for its result (cancelled if this thread stops)."""
+        fut: concurrent.futures.Future[Any] = asyncio.run_coroutine_threadsafe(coro, self.loop())
+        try:
+            return fut.result()
+        except BaseException:
+            fut.cancel()
+            raise
+
+    def close(self) -> None:
+        """Stop the private loop."""
+        with self._lock:
+            loop, self._loop = self._loop, None
+        if loop is not None:
+            loop.call_soon_threadsafe(loop.stop)

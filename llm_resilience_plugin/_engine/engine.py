@@ -1,0 +1,394 @@
+"""The engine of one router: the state every decision reads (breakers, retry budgets, holds,
+hedging) and the bookkeeping of each attempt (admission, outcome, records, guards).
+
+The drivers (:mod:`._engine.drivers`) walk a call's routes with it; a
+:class:`~._engine.dispatch.Dispatcher` sends each attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import random
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from llm_resilience_plugin._engine.attempt import ATTEMPT_IDS, AttemptContext
+from llm_resilience_plugin._engine.breakers import (
+    Admission,
+    BreakerBackend,
+    BreakerRegistry,
+    DeploymentBreaker,
+)
+from llm_resilience_plugin._engine.clock import Clock
+from llm_resilience_plugin._engine.core import CallState, Served, attempt_limit, attempt_timeouts
+from llm_resilience_plugin._engine.dispatch import Dispatcher
+from llm_resilience_plugin._engine.hedging import HedgeState
+from llm_resilience_plugin._engine.retry import AttemptFailed, RetryBudget, SharedTokens
+from llm_resilience_plugin._engine.taxonomy import classify
+from llm_resilience_plugin.errors import ErrorClass, Failure
+from llm_resilience_plugin.events import (
+    AttemptGuard,
+    AttemptInfo,
+    AttemptRecord,
+    BreakerTransition,
+    DeploymentInfo,
+    Event,
+    EventBus,
+    hidden_params_of,
+    usage_of,
+)
+from llm_resilience_plugin.policy import EffectivePolicy, RouterSpec
+
+_log = logging.getLogger("llm_resilience")
+
+BackendFor = Callable[[DeploymentInfo, EffectivePolicy], BreakerBackend | None]
+BucketFor = Callable[[str, EffectivePolicy], SharedTokens | None]
+
+
+class Engine:
+    """Breakers per deployment, a retry budget and hedging state per group, and one attempt's
+    bookkeeping. Public to the package: routing, streams and drivers use it, users do not."""
+
+    def __init__(
+        self,
+        spec: RouterSpec,
+        deployments: Mapping[str, DeploymentInfo],
+        *,
+        clock: Clock,
+        seed: int | None,
+        guards: list[AttemptGuard],
+        backend_for: BackendFor | None = None,
+        bucket_for: BucketFor | None = None,
+        shared_breakers: bool = False,
+    ) -> None:
+        self.spec = spec
+        self.policy = spec.policy
+        self.clock = clock
+        self.rng = random.Random(seed)
+        self.rng_lock = threading.Lock()
+        self.events = EventBus()
+        self.guards = guards
+        self.deployments: dict[str, DeploymentInfo] = dict(deployments)
+        self.group_deployments: dict[str, list[str]] = {}
+        for info in self.deployments.values():
+            self.group_deployments.setdefault(info.model_group, []).append(info.id)
+        self.policies: dict[str, EffectivePolicy] = {
+            g: self.policy.for_group(g) for g in self.group_deployments
+        }
+        self.dispatcher: Dispatcher | None = None
+        self._not_closed: set[str] = set()
+        self._hold_until = 0.0
+        # Shared (multi-process) breaker state can change without a local transition event.
+        self._shared_breakers = shared_breakers
+        self._epochs = itertools.count(1)
+        self.epoch = 0  # the last breaker transition's number; changed_at: per deployment
+        self.changed_at: dict[str, int] = {}
+        self.breakers = BreakerRegistry()
+        for info in self.deployments.values():
+            eff = self.policies[info.model_group]
+            self.breakers.add(
+                DeploymentBreaker(
+                    info.id,
+                    info.model_group,
+                    eff.breaker,
+                    clock=self.clock.wall,
+                    on_transition=self.on_transition,
+                    backend=backend_for(info, eff) if backend_for is not None else None,
+                )
+            )
+        self.budgets: dict[str, RetryBudget] = {
+            g: RetryBudget(p.retry_budget, shared=bucket_for(g, p) if bucket_for is not None else None)
+            for g, p in self.policies.items()
+        }
+        self.hedges = {
+            g: HedgeState(p.hedge)
+            for g, p in self.policies.items()
+            if p.hedge is not None and p.hedge.enabled
+        }
+
+    # -- state the filter and the drivers read ---------------------------------------------------
+
+    def on_transition(self, event: BreakerTransition) -> None:
+        """A breaker changed state: stamp it, keep the fast path's set current, tell observers."""
+        epoch = next(self._epochs)  # stamped before _not_closed changes: see attempt()
+        self.changed_at[event.deployment_id] = epoch
+        self.epoch = epoch
+        if event.new_state == "closed":
+            self._not_closed.discard(event.deployment_id)
+        else:
+            self._not_closed.add(event.deployment_id)
+        self.events.emit(event)
+
+    def all_clear(self) -> bool:
+        """Every breaker closed and no Retry-After hold pending (the filter's fast path)."""
+        hold = self._hold_until  # 0.0 until some Retry-After was honoured
+        return not self._not_closed and not self._shared_breakers and (not hold or self.clock.wall() >= hold)
+
+    def emit(self, call: CallState, event: Event) -> None:
+        """Publish ``event`` to subscribers and to the call's own listener (which never breaks a call)."""
+        self.events.emit(event)
+        if call.listener is not None:
+            try:
+                call.listener(event)
+            except Exception:
+                _log.exception("call listener failed")
+
+    def admissible(self, call: CallState, group: str, now: float) -> list[str]:
+        """Deployments of ``group`` this call may still try whose breakers would admit it."""
+        return [
+            d
+            for d in self.group_deployments[group]
+            if d not in call.never_again and self.breakers[d].could_admit(now)
+        ]
+
+    def earliest_free(self, call: CallState, group: str) -> float:
+        """Seconds until some admissible deployment of ``group`` is free of its Retry-After hold."""
+        now = self.clock.wall()
+        waits = [self.breakers[d].held_for(now) for d in self.admissible(call, group, now)]
+        return min(waits) if waits else 0.0
+
+    def has_fallback(self, call: CallState, group: str) -> bool:
+        """Is there a generic fallback group this call could still move to?"""
+        requested = call.report.requested_group
+        return any(g != group for g in self.spec.fallback_chain(requested, ErrorClass.RATE_LIMIT))
+
+    def hedge_for(self, call: CallState, group: str) -> HedgeState | None:
+        """The group's hedging state, unless this call may not be hedged."""
+        hedge = self.hedges.get(group)
+        if hedge is not None and (
+            not call.opts.idempotent or (call.tier is not None and not call.tier.hedge)
+        ):
+            return None
+        return hedge
+
+    def release(self, admission: Admission | None) -> None:
+        """Hand back a breaker ticket without an outcome (cancelled, or closed early)."""
+        if admission is not None:
+            self.breakers[admission.deployment_id].release(admission)
+
+    def breaker_state(self, dep: str | None) -> str | None:
+        """The state of ``dep``'s breaker, or None for no deployment."""
+        if dep is None or dep not in self.deployments:
+            return None
+        if dep not in self._not_closed and not self._shared_breakers:
+            return "closed"  # transitions keep _not_closed current for in-process breakers
+        return self.breakers[dep].state
+
+    # -- one attempt -----------------------------------------------------------------------------
+
+    async def attempt(
+        self,
+        call: CallState,
+        group: str,
+        level: int,
+        messages: list[dict[str, Any]],
+        kwargs: Mapping[str, Any],
+        *,
+        exclude: frozenset[str] = frozenset(),
+        holder: list[AttemptContext] | None = None,
+    ) -> Any:
+        """Send one attempt through the dispatcher and account for its outcome; a failure is
+        raised as :class:`AttemptFailed` (classified once)."""
+        dispatcher = self.dispatcher
+        assert dispatcher is not None, "an engine needs a dispatcher before its first call"
+        pol = self.policies[group]
+        call.attempt_no += 1
+        wait_before, call.next_wait = call.next_wait, 0.0
+        remaining = call.deadline.remaining()
+        started_wall = self.clock.wall()
+        if remaining <= pol.min_attempt_time:
+            failure = Failure(
+                ErrorClass.TIMEOUT,
+                None,
+                "call deadline exhausted before the attempt",
+                None,
+                TimeoutError("call deadline exhausted"),
+            )
+            self.record(call, group, level, None, failure, started_wall, 0.0, wait_before, "skipped")
+            raise AttemptFailed(failure, None)
+        _, sent_timeout, bound = attempt_timeouts(attempt_limit(call, pol), remaining)
+        actx = AttemptContext(
+            engine=self,
+            call=call,
+            group=group,
+            exclude=exclude,
+            token=f"{id(self)}:{call.call_id}:{next(ATTEMPT_IDS)}",
+        )
+        actx.hedged = holder is not None
+        if holder is not None:
+            holder.append(actx)
+        t0 = self.clock.monotonic()
+        try:
+            if self.guards:
+                self._guard_before(call, actx, group, level, messages, kwargs)
+            resp = await dispatcher.send(actx, messages, dict(kwargs), timeout_s=sent_timeout, bound=bound)
+        except asyncio.CancelledError:
+            self.release(actx.admission)
+            if actx.guard_tokens:
+                if actx.sent:  # in flight: the provider may bill it; the guard's policy decides
+                    actx.settle_guards(None, None, None)
+                else:  # nothing was sent: a plain release
+                    nothing = Failure(
+                        ErrorClass.UNKNOWN, None, "cancelled before sending", None, asyncio.CancelledError()
+                    )
+                    actx.settle_guards(None, None, nothing)
+            latency = self.clock.monotonic() - t0
+            cancelled = Failure(ErrorClass.UNKNOWN, None, "cancelled", None, asyncio.CancelledError())
+            self.record(call, group, level, actx, cancelled, started_wall, latency, wait_before, "cancelled")
+            raise
+        except BaseException as exc:  # classify once, then decide
+            if isinstance(exc, KeyboardInterrupt | SystemExit | GeneratorExit):
+                raise
+            latency = self.clock.monotonic() - t0
+            failure = classify(exc)
+            self.attempt_failed(call, group, level, actx, failure, started_wall, latency, wait_before)
+            raise AttemptFailed(failure, actx.picked) from None
+        finally:
+            actx.clean_up()
+        latency = self.clock.monotonic() - t0
+        if call.stream:
+            return dispatcher.wrap_stream(
+                actx, level, resp, started_wall, latency, wait_before, messages, dict(kwargs)
+            )
+        usage = usage_of(resp)
+        call.served = Served(resp, usage, actx.picked)
+        self.attempt_succeeded(
+            call, group, level, actx, started_wall, latency, wait_before, response=resp, usage=usage
+        )
+        return resp
+
+    def _guard_before(
+        self,
+        call: CallState,
+        actx: AttemptContext,
+        group: str,
+        level: int,
+        messages: list[dict[str, Any]],
+        kwargs: Mapping[str, Any],
+    ) -> None:
+        ids = self.admissible(call, group, self.clock.wall()) or self.group_deployments[group]
+        deployments = tuple(self.deployments[d] for d in ids)
+        info = AttemptInfo(
+            call_id=call.call_id,
+            attempt=call.attempt_no,
+            model_group=group,
+            fallback_level=level,
+            deployments=deployments,
+            messages=messages,
+            kwargs={k: v for k, v in kwargs.items() if k != "metadata"},
+            metadata=dict(kwargs.get("metadata") or {}),
+            stream=call.stream,
+            idempotency_key=call.report.idempotency_key,
+        )
+        for guard in self.guards:
+            actx.guard_tokens.append((guard, guard.before_attempt(info)))
+
+    def attempt_succeeded(
+        self,
+        call: CallState,
+        group: str,
+        level: int,
+        actx: AttemptContext,
+        started_wall: float,
+        latency: float,
+        wait_before: float,
+        ttft: float | None = None,
+        response: Any | None = None,
+        usage: Mapping[str, int] | None = None,
+    ) -> None:
+        """Count a success: breaker ticket, retry budget, hedging latency, guards, the record."""
+        if actx.admission is not None:
+            self.breakers[actx.admission.deployment_id].record_success(actx.admission)
+        self.budgets[group].on_success()
+        hedge = self.hedges.get(group)
+        if hedge is not None:
+            hedge.observe(ttft if ttft is not None else latency)
+        if actx.guard_tokens:
+            actx.settle_guards(response, usage, None)
+        self.record(call, group, level, actx, None, started_wall, latency, wait_before, "success", ttft)
+
+    def attempt_failed(
+        self,
+        call: CallState,
+        group: str,
+        level: int,
+        actx: AttemptContext,
+        failure: Failure,
+        started_wall: float,
+        latency: float,
+        wait_before: float,
+    ) -> None:
+        """Count a failure: breaker (only if it is the deployment's fault), Retry-After hold,
+        retry budget, where this call may go next, guards, the record."""
+        call.failures.append(failure)
+        if actx.guard_tokens:
+            actx.settle_guards(None, None, failure)
+        dep = actx.picked
+        adm = actx.admission
+        if adm is not None:
+            b = self.breakers[adm.deployment_id]
+            if failure.counts_against_deployment:
+                b.record_failure(adm)
+            else:
+                b.release(adm)
+            if failure.retry_after:
+                b.hold(failure.retry_after)
+                self._hold_until = max(self._hold_until, self.clock.wall() + failure.retry_after)
+        if failure.counts_against_deployment:
+            self.budgets[group].on_failure()
+        if dep is not None:
+            call.failed.add(dep)
+            if not self.policies[group].classes[failure.error_class].same_deployment:
+                call.never_again.add(dep)
+        sent = actx.sent or (dep is not None and failure.error_class is not ErrorClass.CIRCUIT_OPEN)
+        outcome = "failure" if sent else "skipped"
+        self.record(call, group, level, actx, failure, started_wall, latency, wait_before, outcome)
+
+    def record(
+        self,
+        call: CallState,
+        group: str,
+        level: int,
+        actx: AttemptContext | None,
+        failure: Failure | None,
+        started_wall: float,
+        latency: float,
+        wait_before: float,
+        outcome: Any,
+        ttft: float | None = None,
+    ) -> None:
+        """One attempt record: built now if someone listens, else when the report is read."""
+        dep = actx.picked if actx is not None else None
+        values = (  # AttemptRecord's fields, in order
+            call.call_id,
+            call.attempt_no,
+            group,
+            dep,
+            level,
+            outcome,
+            failure.error_class if failure else None,
+            failure.status if failure else None,
+            failure.message if failure else None,
+            started_wall,
+            latency,
+            wait_before,
+            self.breaker_state(dep),
+            ttft,
+            bool(actx and actx.admission and actx.admission.probe),
+        )
+        if call.listener is None and not self.events.active:
+            call.report.defer_attempt(values)  # nobody takes it now: built if the report is read
+            return
+        rec = AttemptRecord(*values)
+        call.report.attempts.append(rec)
+        self.emit(call, rec)
+
+
+def served_deployment(resp: Any) -> str | None:
+    """The deployment id LiteLLM reports for a response."""
+    hidden = hidden_params_of(resp)
+    dep = hidden.get("model_id") if hidden is not None else None
+    return str(dep) if dep is not None else None

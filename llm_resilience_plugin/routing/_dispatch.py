@@ -1,0 +1,148 @@
+"""The dispatcher of today: one attempt through the wrapped ``litellm.Router``.
+
+LiteLLM's routing strategy picks the deployment among those the engine admits (its filter hook);
+the Router's own retries, fallbacks and cooldowns are off, so each ``send`` is exactly one request.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+import litellm
+
+from llm_resilience_plugin._engine.attempt import AttemptContext
+from llm_resilience_plugin._engine.engine import Engine, served_deployment
+from llm_resilience_plugin._engine.watchdog import AttemptWatchdog
+from llm_resilience_plugin.routing._hooks import ATTEMPTS, FILTER, META_KEY, PICK, picked_in
+from llm_resilience_plugin.routing._streams import ResilientStream, StaticStream, discard, prefetch_stream
+
+
+class RouterDispatcher:
+    """Sends an attempt as ``litellm.Router.acompletion`` for the attempt's model group."""
+
+    def __init__(self, router: litellm.Router, engine: Engine) -> None:
+        self.router = router
+        self.engine = engine
+        self._timeouts: dict[tuple[float, float], httpx.Timeout] = {}
+
+    def attempt_kwargs(
+        self, stream: bool, token: str, timeout: float, connect: float | None, kwargs: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """LiteLLM's kwargs for one attempt: the attempt token in metadata, the timeouts, usage."""
+        out = {k: v for k, v in kwargs.items() if k != "metadata"}
+        md = dict(kwargs.get("metadata") or {})
+        md[META_KEY] = token
+        out["metadata"] = md
+        if connect:
+            t = self._timeouts.get((timeout, connect))
+            if t is None:
+                t = httpx.Timeout(timeout, connect=min(connect, timeout))
+                if len(self._timeouts) < 64:  # few values: configured ones, or a deadline's rest rounded
+                    self._timeouts[(timeout, connect)] = t
+            out["timeout"] = t
+        else:
+            out["timeout"] = timeout
+        if stream:
+            out["stream"] = True
+            opts = dict(out.get("stream_options") or {})
+            opts.setdefault("include_usage", True)
+            out["stream_options"] = opts
+        return out
+
+    async def send(
+        self,
+        attempt: AttemptContext,
+        messages: list[dict[str, Any]],
+        kwargs: dict[str, Any],
+        *,
+        timeout_s: float,
+        bound: float,
+    ) -> Any:
+        """One request; the deployment it went to is known to ``attempt`` when this returns or raises.
+        The hooks it registers are let go by ``attempt.clean_up()`` once the outcome is counted."""
+        engine = self.engine
+        call = attempt.call
+        token = attempt.token
+        ATTEMPTS[token] = attempt
+        epoch = engine.epoch  # before all_clear(): a transition in between makes the attempt precise
+        filtered = bool(call.failed or attempt.exclude or call.require_prefill) or not engine.all_clear()
+        # A precise attempt learns its deployment from the pick hook as the request goes out (a
+        # hedge must know it while the request is in flight); the rest (every breaker closed, no
+        # guard) read it back from the metadata LiteLLM fills in.
+        precise = filtered or bool(engine.guards) or attempt.hedged
+        attempt.cleanups.append(functools.partial(ATTEMPTS.pop, token, None))
+        if filtered:
+            FILTER.acquire()
+            attempt.cleanups.append(FILTER.release)
+        if precise:
+            PICK.acquire()
+            attempt.cleanups.append(PICK.release)
+        md: Mapping[str, Any] | None = None
+        try:
+            attempt_kwargs = self.attempt_kwargs(
+                call.stream, token, timeout_s, engine.policies[attempt.group].connect_timeout, kwargs
+            )
+            md = attempt_kwargs["metadata"]
+            with AttemptWatchdog(bound):  # the hard bound, if LiteLLM's timeout does not end it first
+                resp: Any = await self.router.acompletion(
+                    model=attempt.group,
+                    messages=messages,  # type: ignore[arg-type]
+                    **attempt_kwargs,
+                )
+                if call.stream:
+                    resp = await prefetch_stream(resp)
+        except BaseException:
+            if not precise:
+                attempt.learn(picked_in(md), epoch)
+            raise
+        if call.stream:
+            if not precise:
+                attempt.learn(picked_in(md), epoch)
+            return resp
+        dep = served_deployment(resp)
+        if not precise:
+            attempt.learn(dep if dep is not None else picked_in(md), epoch)
+        elif dep is not None and attempt.picked != dep:
+            attempt.pick(dep)
+        return resp
+
+    def wrap_stream(
+        self,
+        attempt: AttemptContext,
+        level: int,
+        prefetched: Any,
+        started_wall: float,
+        latency: float,
+        wait_before: float,
+        messages: list[dict[str, Any]],
+        kwargs: dict[str, Any],
+    ) -> ResilientStream:
+        """The caller's stream over LiteLLM's, reporting its end back to the engine."""
+        stream = ResilientStream(
+            self.engine,
+            attempt.call,
+            attempt.group,
+            level,
+            attempt,
+            prefetched,
+            started_wall,
+            latency,
+            wait_before,
+        )
+        stream.bind_restart(messages, kwargs)
+        return stream
+
+    def static_stream(self, response: Any, attempt_call: Any) -> StaticStream:
+        """A configured static answer as a one-chunk stream."""
+        return StaticStream(response, attempt_call.report, self.engine, attempt_call)
+
+    def is_stream(self, result: Any) -> bool:
+        """Whether ``result`` is a live stream (its report is filled when it ends)."""
+        return isinstance(result, ResilientStream)
+
+    async def discard(self, result: Any) -> None:
+        """Close a result nobody will read (the loser of a hedge)."""
+        await discard(result)
