@@ -95,10 +95,15 @@ def _bench(which: str, extra: Sequence[str]) -> int:
     return 0
 
 
-def _simulator(argv: Sequence[str]) -> int:
-    from llm_resilience_plugin.testing._simulator import main as sim_main
+def _simulator(host: str, port: int, deployments: str) -> int:
+    from llm_resilience_plugin.testing._simulator import ProviderSimulator, parse_deployments, serve
 
-    return sim_main(list(argv))
+    try:
+        names = parse_deployments(deployments)
+        simulator = ProviderSimulator(host=host, port=port)
+    except ValueError as exc:
+        raise ConfigError("simulator", str(exc)) from None
+    return serve(simulator, names)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -126,8 +131,20 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="run a benchmark from benchmarks/ (overhead, chaos, scale)")
     b.add_argument("which", choices=["overhead", "chaos", "scale"])
     b.add_argument("args", nargs=argparse.REMAINDER, help="passed to the benchmark (see its --help)")
-    s = sub.add_parser("simulator", help="run the provider simulator standalone", add_help=False)
-    s.add_argument("args", nargs=argparse.REMAINDER)
+    # The same options as the simulator's own parser (testing._simulator.build_parser; a test keeps
+    # them equal), declared here so the other commands do not import aiohttp to build the parser.
+    s = sub.add_parser(
+        "simulator",
+        help="run the provider simulator standalone (until Ctrl-C or SIGTERM)",
+        description="Serve a fault-injecting OpenAI-compatible chat-completions endpoint.",
+    )
+    s.add_argument("--host", default="127.0.0.1", help="interface to bind (127.0.0.1)")
+    s.add_argument("--port", type=int, default=0, help="TCP port (0: pick a free one)")
+    s.add_argument(
+        "--deployments",
+        default="a",
+        help="comma-separated deployment names to pre-register and print (a)",
+    )
     return p
 
 
@@ -148,7 +165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "bench":
             return _bench(args.which, args.args)
         if args.command == "simulator":
-            return _simulator(args.args)
+            return _simulator(args.host, args.port, args.deployments)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

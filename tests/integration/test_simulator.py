@@ -6,9 +6,16 @@ import asyncio
 import dataclasses
 import json
 import math
+import os
+import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -934,6 +941,102 @@ def test_command_line_entry_point(
     assert lines[1].strip().startswith("a: http://127.0.0.1:") and lines[1].endswith("/a/v1")
     assert lines[2].strip().startswith("b: ") and lines[2].endswith("/b/v1")
     assert seen["content"] == "Hello from b. You said: hello there."
+
+
+def test_cli_simulator_takes_the_standalone_options() -> None:
+    from llm_resilience_plugin.cli import build_parser
+
+    for argv in ([], ["--host", "0.0.0.0", "--port", "8900", "--deployments", "a,b"]):
+        via_cli = vars(build_parser().parse_args(["simulator", *argv]))
+        assert via_cli.pop("command") == "simulator"
+        assert via_cli == vars(simulator_module.build_parser().parse_args(argv))
+
+
+def test_cli_simulator_rejects_bad_options_without_a_traceback(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from llm_resilience_plugin.cli import main as cli_main
+
+    assert cli_main(["simulator", "--deployments", "a,b/c"]) == 2
+    assert "deployment must be a non-empty name without '/'" in capsys.readouterr().err
+    assert cli_main(["simulator", "--port", "70000"]) == 2
+    assert "port must be an integer in [0, 65535]" in capsys.readouterr().err
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        assert cli_main(["simulator", "--port", str(taken.getsockname()[1])]) == 1
+    assert "error: cannot listen on 127.0.0.1:" in capsys.readouterr().err
+
+
+def _entry_point() -> Path:
+    script = Path(sys.executable).with_name("llm-resilience")
+    if not script.exists():
+        pytest.skip(f"the llm-resilience entry point is not installed next to {sys.executable}")
+    return script
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_installed_entry_point_simulator_help() -> None:
+    done = subprocess.run(
+        [str(_entry_point()), "simulator", "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: llm-resilience simulator")
+    for option in ("--host", "--port", "--deployments"):
+        assert option in done.stdout
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_installed_entry_point_serves_until_stopped(stop_signal: signal.Signals) -> None:
+    port = _free_port()
+    env = {**os.environ, "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
+    proc = subprocess.Popen(
+        [str(_entry_point()), "simulator", "--port", str(port), "--deployments", "a,b"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        deadline = time.monotonic() + 30.0
+        while True:  # the port accepts once the simulator is bound
+            assert proc.poll() is None, proc.communicate()
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1.0).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the simulator did not start listening"
+                time.sleep(0.05)
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        base = f"http://127.0.0.1:{port}"
+        request = urllib.request.Request(
+            f"{base}/b/v1/chat/completions",
+            data=json.dumps({"model": "m", "messages": USER_HI}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with opener.open(request, timeout=10.0) as response:
+            assert response.status == 200
+            reply = json.loads(response.read())
+        assert reply["choices"][0]["message"]["content"] == "Hello from b. You said: hello there."
+        with opener.open(f"{base}/v1/models", timeout=10.0) as response:
+            assert [m["id"] for m in json.loads(response.read())["data"]] == ["a", "b"]
+        proc.send_signal(stop_signal)
+        out, err = proc.communicate(timeout=15.0)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    lines = out.splitlines()
+    assert lines[0] == f"ProviderSimulator listening on {base}"
+    assert lines[1].strip() == f"a: {base}/a/v1"
+    assert lines[2].strip() == f"b: {base}/b/v1"
+    assert "Traceback" not in err
 
 
 # --------------------------------------------------------------------------------------------
