@@ -448,7 +448,9 @@ def serve(simulator: ProviderSimulator, deployments: Sequence[str]) -> int:
     """
     for name in deployments:
         simulator.set_default(name, Fault.ok())  # listed by GET /v1/models from the start
-    with _sigterm_interrupts():
+    # An interrupt at any point ends cleanly: before the server thread is recorded it dies with
+    # the process (a daemon), after that stop() closes the sockets.
+    with _sigterm_interrupts(), contextlib.suppress(KeyboardInterrupt):
         try:
             simulator.start()
         except OSError as exc:
@@ -462,8 +464,7 @@ def serve(simulator: ProviderSimulator, deployments: Sequence[str]) -> int:
             for name in deployments:
                 print(f"  {name}: {simulator.api_base(name)}", flush=True)
             print("Press Ctrl-C to stop.", flush=True)
-            with contextlib.suppress(KeyboardInterrupt):
-                _wait_forever(simulator)
+            _wait_forever(simulator)
         finally:
             simulator.stop()
     return 0
