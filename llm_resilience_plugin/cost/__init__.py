@@ -1,11 +1,8 @@
 """The cost guard: prices, budgets reserved before a call and settled after, spend ledgers."""
 
-from llm_resilience_plugin.cost._guard import (
-    Budget,
-    BudgetAlert,
-    CostGuard,
-    Ticket,
-)
+from llm_resilience_plugin.cost._alerts import BudgetAlert
+from llm_resilience_plugin.cost._budgets import Budget
+from llm_resilience_plugin.cost._guard import CostGuard, Ticket
 from llm_resilience_plugin.cost._ledger import (
     NANO,
     BudgetKey,

@@ -21,27 +21,31 @@ the attempt the reservation is settled to the actual cost (the provider's report
 ``response_cost`` when there is one, else usage x the serving deployment's prices), or released
 when the attempt failed.
 
-Prices come from LiteLLM's bundled price map (offline), overridden per deployment by
-``input_cost_per_token`` / ``output_cost_per_token`` (``litellm_params`` or ``model_info``) or per
-model by ``CostGuard(prices=...)``. A model with no known price is a :class:`ConfigError` unless
-``unknown_model`` says otherwise (``"zero"`` or a fixed price) - never a silent $0.
+Prices (:mod:`._prices`), budgets and their windows (:mod:`._budgets`), the estimate
+(:mod:`._estimate`) and alerts (:mod:`._alerts`) live in their own modules; this one holds the
+reserve/settle orchestration that ties them to a ledger.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import threading
-import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import date, datetime, timedelta, tzinfo
+from datetime import datetime, tzinfo
 from typing import TYPE_CHECKING, Any, Literal
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from llm_resilience_plugin import _env  # noqa: F401  (offline price map before litellm loads)
+from llm_resilience_plugin.cost._alerts import BudgetAlert, BudgetAlerts
+from llm_resilience_plugin.cost._budgets import (
+    Budget,
+    BudgetCalendar,
+    budget_keys,
+    check_budgets,
+    scope_value,
+)
+from llm_resilience_plugin.cost._estimate import CostEstimator, PriceResolver, TokenCounter
 from llm_resilience_plugin.cost._ledger import (
     BudgetKey,
     KeyUsage,
@@ -69,120 +73,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("llm_resilience.cost")
 
-Period = Literal["request", "run", "day", "month", "total"]
-_PERIODS: tuple[str, ...] = ("request", "run", "day", "month", "total")
-_SCOPED_PERIODS: tuple[str, ...] = ("day", "month", "total")
-
-
-# -- budgets --------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Budget:
-    """A spending limit in dollars over a period, optionally per scope value.
-
-    Build with :meth:`per_request`, :meth:`per_run`, :meth:`daily`, :meth:`monthly`,
-    :meth:`total` or :meth:`scoped`. Days and months are calendar-aligned in the guard's
-    timezone. A scoped budget applies to calls whose metadata (or tags, as ``"key:value"`` or
-    ``"key=value"``) carry its key; each value (each tenant) has its own limit.
-    """
-
-    limit: float
-    period: Period
-    scope: str | None = None
-    name: str = ""
-
-    def __post_init__(self) -> None:
-        if isinstance(self.limit, bool) or not isinstance(self.limit, int | float):
-            raise ConfigError("Budget.limit", f"must be a number of dollars, got {type(self.limit).__name__}")
-        if not math.isfinite(self.limit) or self.limit <= 0:
-            raise ConfigError(
-                "Budget.limit",
-                f"must be a positive number of dollars, got {self.limit!r} (to forbid spending, "
-                "do not route to the model; to lift a limit, remove the budget)",
-            )
-        if self.period not in _PERIODS:
-            raise ConfigError("Budget.period", f"{self.period!r} is not one of {', '.join(_PERIODS)}")
-        if self.scope is not None:
-            if not isinstance(self.scope, str) or not self.scope.strip():
-                raise ConfigError(
-                    "Budget.scope", "must be a non-empty metadata key such as 'tenant' or 'user'"
-                )
-            if self.period not in _SCOPED_PERIODS:
-                raise ConfigError(
-                    "Budget.period",
-                    f"a scoped budget takes period 'day', 'month' or 'total', not {self.period!r}",
-                )
-        if not isinstance(self.name, str):
-            raise ConfigError("Budget.name", "must be a string")
-        if not self.name:
-            default = (
-                f"{self.scope}/{self.period}"
-                if self.scope
-                else {
-                    "request": "per_request",
-                    "run": "per_run",
-                    "day": "daily",
-                    "month": "monthly",
-                    "total": "total",
-                }[self.period]
-            )
-            object.__setattr__(self, "name", default)
-        if "\x1f" in self.name:
-            raise ConfigError("Budget.name", "must not contain control characters")
-
-    @classmethod
-    def per_request(cls, limit: float, *, name: str = "") -> Budget:
-        """All attempts of one logical request (router call / LangChain LLM run)."""
-        return cls(limit, "request", None, name)
-
-    @classmethod
-    def per_run(cls, limit: float, *, name: str = "") -> Budget:
-        """All LLM calls under one root LangChain run (e.g. one agent run); for router calls,
-        the calls sharing ``metadata={"run_id": ...}`` (else one call)."""
-        return cls(limit, "run", None, name)
-
-    @classmethod
-    def daily(cls, limit: float, *, name: str = "") -> Budget:
-        return cls(limit, "day", None, name)
-
-    @classmethod
-    def monthly(cls, limit: float, *, name: str = "") -> Budget:
-        return cls(limit, "month", None, name)
-
-    @classmethod
-    def total(cls, limit: float, *, name: str = "") -> Budget:
-        """A lifetime limit (no window)."""
-        return cls(limit, "total", None, name)
-
-    @classmethod
-    def scoped(cls, key: str, limit: float, *, period: str = "day", name: str = "") -> Budget:
-        """Per value of metadata/tag ``key`` (``"tenant"``, ``"user"``, ``"feature"``)."""
-        return cls(limit, period, key, name)  # type: ignore[arg-type]
-
-
-@dataclass(frozen=True, slots=True)
-class BudgetAlert:
-    """A budget crossed ``threshold`` (a fraction of its limit) in one window and scope."""
-
-    budget: str
-    scope: str | None
-    window: str
-    threshold: float
-    spent: float
-    limit: float
-    at: float
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "budget": self.budget,
-            "scope": self.scope,
-            "window": self.window,
-            "threshold": self.threshold,
-            "spent": self.spent,
-            "limit": self.limit,
-            "at": self.at,
-        }
+_RECENT_CALLS = 10_000
 
 
 @dataclass(slots=True)
@@ -217,12 +108,62 @@ class _Call:
     remaining_budget: str | None = None
 
 
-TokenCounter = Callable[[str, list[dict[str, Any]]], int]
-PriceResolver = Callable[[str], Any]
+class RecentCalls:
+    """What the guard remembers of its last requests (estimate, cost per attempt, tightest
+    budget left), bounded, so logs and metrics can report a call's cost after it ends."""
+
+    def __init__(self, limit: int = _RECENT_CALLS) -> None:
+        self._limit = limit
+        self._lock = threading.Lock()
+        self._calls: OrderedDict[str, _Call] = OrderedDict()
+
+    def _touch(self, rid: str) -> _Call:
+        call = self._calls.get(rid)
+        if call is None:
+            call = self._calls[rid] = _Call()
+            while len(self._calls) > self._limit:
+                self._calls.popitem(last=False)
+        else:
+            self._calls.move_to_end(rid)
+        return call
+
+    def reserved(self, request_id: str, amount: float) -> None:
+        """Add a reservation's ``amount`` to the request's estimate."""
+        with self._lock:
+            self._touch(request_id).estimate += amount
+
+    def settled(self, request_id: str, cost: float, attempt: int | None, usages: Iterable[KeyUsage]) -> None:
+        """Add a settled attempt's ``cost`` and note the tightest budget left after it."""
+        tightest: KeyUsage | None = None
+        for u in usages:
+            if tightest is None or u.remaining < tightest.remaining:
+                tightest = u
+        with self._lock:
+            call = self._touch(request_id)
+            call.cost += cost
+            if attempt is not None:
+                call.attempts[attempt] = cost
+            if tightest is not None:
+                call.remaining = tightest.remaining
+                call.remaining_budget = tightest.label
+
+    def info(self, request_id: str) -> dict[str, Any] | None:
+        """The request's record as a dict, or None when it is unknown or forgotten."""
+        with self._lock:
+            call = self._calls.get(request_id)
+            if call is None:
+                return None
+            return {
+                "estimate": call.estimate,
+                "cost": call.cost,
+                "attempt_costs": dict(call.attempts),
+                "budget_remaining": call.remaining,
+                "budget_tightest": call.remaining_budget,
+            }
 
 
 class CostGuard:
-    """Budgets, reserve-then-settle accounting and alerts; an :class:`AttemptGuard` for
+    """Reserve-then-settle accounting against budgets, with alerts; an :class:`AttemptGuard` for
     :class:`~llm_resilience_plugin.ResilientRouter` and the engine behind
     :class:`~llm_resilience_plugin.callbacks.CostGuardCallbackHandler`.
 
@@ -272,143 +213,81 @@ class CostGuard:
         reservation_ttl: float = 900.0,
         on_cancel: Literal["estimate", "release"] = "estimate",
     ) -> None:
-        if isinstance(budgets, Budget) or not isinstance(budgets, Sequence):
-            raise ConfigError("budgets", "expected a list of Budget objects, e.g. [Budget.daily(50)]")
-        seen: set[str] = set()
-        for b in budgets:
-            if not isinstance(b, Budget):
-                raise ConfigError("budgets", f"expected Budget objects (Budget.daily(50), ...), got {b!r}")
-            if b.name in seen:
-                raise ConfigError(
-                    "budgets", f"two budgets are named {b.name!r}; pass name=... to tell them apart"
-                )
-            seen.add(b.name)
-        self.budgets: tuple[Budget, ...] = tuple(budgets)
-        self.alert_at = self._check_alert_at(alert_at)
-        if on_alert is not None and not callable(on_alert):
-            raise ConfigError("on_alert", "must be a callable taking a BudgetAlert")
-        self.on_alert = on_alert
-        self.tz = self._check_tz(timezone)
-        if now is not None and not callable(now):
-            raise ConfigError("now", "must be a callable returning epoch seconds or a datetime")
-        self._now_fn = now or time.time
-        if default_max_tokens is not None and (
-            isinstance(default_max_tokens, bool)
-            or not isinstance(default_max_tokens, int)
-            or default_max_tokens <= 0
-        ):
-            raise ConfigError("default_max_tokens", "must be a positive integer number of tokens")
-        self.default_max_tokens = default_max_tokens
-        if not is_number(prompt_margin) or prompt_margin < 0:
-            raise ConfigError("prompt_margin", "must be a non-negative fraction such as 0.1")
-        self.prompt_margin = float(prompt_margin)
-        if token_counter is not None and not callable(token_counter):
-            raise ConfigError("token_counter", "must be a callable (model, messages) -> int")
-        self._token_counter = token_counter
+        self.budgets: tuple[Budget, ...] = check_budgets(budgets)
+        self.alerts = BudgetAlerts(alert_at, on_alert)
+        self.calendar = BudgetCalendar(timezone, now)
+        self.estimator = CostEstimator(
+            prices=prices,
+            unknown_model=unknown_model,
+            default_max_tokens=default_max_tokens,
+            prompt_margin=prompt_margin,
+            token_counter=token_counter,
+        )
         if not is_number(reservation_ttl) or reservation_ttl <= 0:
             raise ConfigError("reservation_ttl", "must be a positive number of seconds")
         self.reservation_ttl = float(reservation_ttl)
         if on_cancel not in ("estimate", "release"):
             raise ConfigError("on_cancel", "expected 'estimate' (conservative, default) or 'release'")
         self.on_cancel = on_cancel
-        self.prices = PriceBook(prices, unknown_model)
         self.ledger = open_ledger(ledger)
-        self._router: ResilientRouter | None = None
-        self._resolver: PriceResolver | None = None
-        if price_resolver is not None:
-            if hasattr(price_resolver, "deployments") and hasattr(price_resolver, "model_groups"):
-                router = router or price_resolver  # type: ignore[assignment]
-            elif callable(price_resolver):
-                self._resolver = price_resolver
-            else:
-                raise ConfigError(
-                    "price_resolver", "expected a callable model -> price, or a ResilientRouter"
-                )
-        if isinstance(models, str):
-            models = [models]
-        for m in models:
-            self.prices.for_model(m)
-        if router is not None:
-            self.bind_router(router)
-        self._lock = threading.Lock()
-        self._calls: OrderedDict[str, _Call] = OrderedDict()
-        self._alerted: OrderedDict[tuple[str, float], None] = OrderedDict()
+        self.estimator.set_sources(price_resolver=price_resolver, router=router, models=models)
+        self._lock = threading.Lock()  # a ticket is settled or released once
+        self._recent = RecentCalls()
 
-    # -- configuration ---------------------------------------------------------------------------
+    # -- configuration (held by the collaborators) -----------------------------------------------
 
-    @staticmethod
-    def _check_alert_at(alert_at: Any) -> tuple[float, ...]:
-        if alert_at is None:
-            return ()
-        values = [alert_at] if not isinstance(alert_at, list | tuple) else list(alert_at)
-        for v in values:
-            if not is_number(v) or not 0 < v <= 1:
-                raise ConfigError("alert_at", f"thresholds are fractions of a limit in (0, 1], got {v!r}")
-        return tuple(sorted({float(v) for v in values}))
+    @property
+    def prices(self) -> PriceBook:
+        """The price book every deployment and model is priced from."""
+        return self.estimator.prices
 
-    @staticmethod
-    def _check_tz(timezone: Any) -> tzinfo:
-        if isinstance(timezone, tzinfo):
-            return timezone
-        if isinstance(timezone, str):
-            try:
-                return ZoneInfo(timezone)
-            except (ZoneInfoNotFoundError, ValueError):
-                raise ConfigError(
-                    "timezone", f"unknown IANA timezone {timezone!r} (e.g. 'UTC', 'Europe/Paris')"
-                ) from None
-        raise ConfigError("timezone", "expected an IANA timezone name or a tzinfo")
+    @property
+    def alert_at(self) -> tuple[float, ...]:
+        """Alert thresholds, as sorted fractions of a limit."""
+        return self.alerts.thresholds
+
+    @property
+    def on_alert(self) -> Callable[[BudgetAlert], Any] | None:
+        """The callback each :class:`BudgetAlert` is passed to."""
+        return self.alerts.on_alert
+
+    @property
+    def tz(self) -> tzinfo:
+        """The timezone calendar days and months are cut in."""
+        return self.calendar.tz
+
+    @property
+    def default_max_tokens(self) -> int | None:
+        """Output tokens assumed when a request sets no ``max_tokens``."""
+        return self.estimator.default_max_tokens
+
+    @property
+    def prompt_margin(self) -> float:
+        """Extra fraction added to counted prompt tokens."""
+        return self.estimator.prompt_margin
 
     def bind_router(self, router: ResilientRouter) -> None:
         """Price every deployment of ``router`` now (``ConfigError`` for an unknown price under
         ``unknown_model="error"``) and let the LangChain handler map its group names to them."""
-        for d in router.deployments():
-            self.prices.for_deployment(d)
-        self._router = router
+        self.estimator.bind_router(router)
 
-    # -- time ------------------------------------------------------------------------------------
+    # -- time, scopes and keys -------------------------------------------------------------------
 
     def now(self) -> float:
-        v = self._now_fn()
-        if isinstance(v, datetime):
-            if v.tzinfo is None:
-                v = v.replace(tzinfo=self.tz)
-            return v.timestamp()
-        return float(v)
+        """Epoch seconds from the guard's clock."""
+        return self.calendar.now()
 
     def _windows(self, ts: float) -> tuple[str, str]:
-        dt = datetime.fromtimestamp(ts, self.tz)
-        return dt.date().isoformat(), f"{dt.year:04d}-{dt.month:02d}"
+        return self.calendar.windows(ts)
 
     def window_bounds(self, period: str, ts: float | None = None) -> tuple[float, float]:
         """Start and end (epoch seconds) of the ``"day"`` or ``"month"`` window holding ``ts``."""
-        dt = datetime.fromtimestamp(self.now() if ts is None else ts, self.tz)
-        if period == "day":
-            start = dt.date()
-            end = start + timedelta(days=1)
-        elif period == "month":
-            start = date(dt.year, dt.month, 1)
-            end = date(dt.year + (dt.month == 12), dt.month % 12 + 1, 1)
-        else:
-            raise ConfigError("period", "window_bounds takes 'day' or 'month'")
-        return (
-            datetime.combine(start, datetime.min.time(), self.tz).timestamp(),
-            datetime.combine(end, datetime.min.time(), self.tz).timestamp(),
-        )
-
-    # -- scopes and keys -------------------------------------------------------------------------
+        return self.calendar.window_bounds(period, ts)
 
     @staticmethod
     def scope_value(key: str, metadata: Mapping[str, Any] | None, tags: Iterable[str] | None) -> str | None:
-        v = (metadata or {}).get(key)
-        if isinstance(v, str) and v:
-            return v
-        if isinstance(v, int | float) and not isinstance(v, bool):
-            return str(v)
-        for t in tags or ():
-            if isinstance(t, str) and len(t) > len(key) + 1 and t.startswith(key) and (t[len(key)] in ":="):
-                return t[len(key) + 1 :]
-        return None
+        """The value of scope ``key`` carried by a call's metadata or tags, if any."""
+        return scope_value(key, metadata, tags)
 
     def _keys(
         self,
@@ -418,30 +297,17 @@ class CostGuard:
         request_id: str,
         run_id: str | None,
     ) -> tuple[list[BudgetKey], dict[str, str]]:
-        day, month = self._windows(ts)
-        keep = ts + max(86400.0, 2 * self.reservation_ttl)
-        keys: list[BudgetKey] = []
-        scopes: dict[str, str] = {}
-        tags = list(tags or ())
-        for b in self.budgets:
-            if b.period == "request":
-                keys.append(BudgetKey(b.name, f"request={request_id}", "request", b.limit, keep))
-                continue
-            if b.period == "run":
-                keys.append(BudgetKey(b.name, f"run={run_id or request_id}", "run", b.limit, keep))
-                continue
-            window = {"day": day, "month": month, "total": "all"}[b.period]
-            scope = ""
-            if b.scope is not None:
-                value = self.scope_value(b.scope, metadata, tags)
-                if value is None:
-                    continue  # the budget does not apply to calls without that key
-                scopes[b.scope] = value
-                scope = f"{b.scope}={value}"
-            keys.append(BudgetKey(b.name, scope, window, b.limit))
-        return keys, scopes
+        return budget_keys(
+            self.budgets,
+            self._windows(ts),
+            metadata=metadata,
+            tags=tags,
+            request_id=request_id,
+            run_id=run_id,
+            keep_until=ts + max(86400.0, 2 * self.reservation_ttl),
+        )
 
-    # -- estimating ------------------------------------------------------------------------------
+    # -- estimating (see CostEstimator) ----------------------------------------------------------
 
     def count_prompt_tokens(
         self,
@@ -453,43 +319,7 @@ class CostGuard:
     ) -> int:
         """Prompt tokens, offline: the injected counter, else LiteLLM's ``token_counter``
         (images at its default count - no download), else ``ceil(chars / 3)``."""
-        msgs = [dict(m) for m in messages] if messages is not None else None
-        if self._token_counter is not None and msgs is not None:
-            return int(self._token_counter(model, msgs))
-        import litellm
-
-        try:
-            if msgs is not None:
-                return int(
-                    litellm.token_counter(
-                        model=model,
-                        messages=msgs,
-                        tools=tools or None,
-                        use_default_image_token_count=True,
-                    )
-                )
-            return int(litellm.token_counter(model=model, text=text or ""))
-        except Exception:
-            import json
-
-            raw = json.dumps(msgs, default=str) if msgs is not None else (text or "")
-            return math.ceil(len(raw) / 3) + 8
-
-    def _output_tokens(self, max_tokens: Any, n: Any, price: Price, model: str | None) -> int:
-        if is_number(max_tokens) and max_tokens > 0:
-            out = int(max_tokens)
-        elif self.default_max_tokens is not None:
-            out = self.default_max_tokens
-        elif price.max_output_tokens:
-            out = price.max_output_tokens
-        else:
-            raise ConfigError(
-                "max_tokens",
-                f"cannot bound the output of {model or 'this model'!r}: set max_tokens on the "
-                "request or CostGuard(default_max_tokens=...)",
-            )
-        copies = int(n) if is_number(n) and n >= 1 else 1
-        return out * copies
+        return self.estimator.count_prompt_tokens(model, messages, text=text, tools=tools)
 
     def estimate(
         self,
@@ -504,22 +334,24 @@ class CostGuard:
     ) -> tuple[float, int, int, str]:
         """Worst-case cost over ``candidates`` = ``(key, model, price)``; returns
         ``(dollars, prompt_tokens, output_tokens, key of the worst candidate)``."""
-        counted: dict[str, int] = {}
-        worst: tuple[float, int, int, str] | None = None
-        for key, model, price in candidates:
-            if prompt_tokens is not None:
-                pt = prompt_tokens
-            else:
-                if model not in counted:
-                    counted[model] = self.count_prompt_tokens(model, messages, text=text, tools=tools)
-                pt = math.ceil(counted[model] * (1 + self.prompt_margin))
-            out = self._output_tokens(max_tokens, n, price, model)
-            cost = price.cost(pt, out)
-            if worst is None or cost > worst[0]:
-                worst = (cost, pt, out, key)
-        if worst is None:
-            raise ConfigError("model", "no deployment or model to price")
-        return worst
+        return self.estimator.estimate(
+            candidates,
+            messages=messages,
+            text=text,
+            tools=tools,
+            max_tokens=max_tokens,
+            n=n,
+            prompt_tokens=prompt_tokens,
+        )
+
+    def candidates_for_deployments(self, deployments: Iterable[DeploymentInfo]) -> list[Candidate]:
+        """Each deployment as ``(id, model, its price)``."""
+        return self.estimator.candidates_for_deployments(deployments)
+
+    def candidates_for_model(self, model: str, *, provider: str | None = None) -> list[Candidate]:
+        """What a model name (as a LangChain model reports it) costs: the ``price_resolver``,
+        then a bound router's group of that name, then the price book."""
+        return self.estimator.candidates_for_model(model, provider=provider)
 
     # -- reserve / settle / release ----------------------------------------------------------
 
@@ -593,9 +425,7 @@ class CostGuard:
             day=day,
             month=month,
         )
-        with self._lock:
-            call = self._call(rid)
-            call.estimate += reservation.amount
+        self._recent.reserved(rid, reservation.amount)
         return ticket
 
     def settle(
@@ -666,118 +496,18 @@ class CostGuard:
     def _after_settle(
         self, ticket: Ticket, usages: list[KeyUsage], actual: float, attempt: int | None
     ) -> None:
-        tightest: KeyUsage | None = None
-        for u in usages:
-            if tightest is None or u.remaining < tightest.remaining:
-                tightest = u
-        with self._lock:
-            call = self._call(ticket.request_id)
-            call.cost += actual
-            if attempt is not None:
-                call.attempts[attempt] = actual
-            if tightest is not None:
-                call.remaining = tightest.remaining
-                call.remaining_budget = tightest.label
-        if not self.alert_at:
-            return
-        keys = {k.id: k for k in ticket.reservation.keys}
-        for u in usages:
-            key = keys.get(BudgetKey(u.budget, u.scope, u.window, u.limit).id)
-            if key is None or u.limit <= 0 or key.window in ("request", "run"):
-                continue  # alerts are for calendar/total windows, not for each request or run
-            for threshold in self.alert_at:
-                if u.spent < threshold * u.limit - 1e-12:
-                    break
-                marker = (key.id, threshold)
-                with self._lock:
-                    if marker in self._alerted:
-                        continue
-                    self._alerted[marker] = None
-                    while len(self._alerted) > 10_000:
-                        self._alerted.popitem(last=False)
-                if self.ledger.mark_alert(key, threshold):  # once across processes too
-                    self._fire(
-                        BudgetAlert(
-                            budget=u.budget,
-                            scope=u.scope or None,
-                            window=u.window,
-                            threshold=threshold,
-                            spent=u.spent,
-                            limit=u.limit,
-                            at=self.now(),
-                        )
-                    )
-
-    def _fire(self, alert: BudgetAlert) -> None:
-        logger.warning(
-            "budget_alert",
-            extra={"llm_event_name": "budget_alert", "llm_event": alert.to_dict()},
-        )
-        if self.on_alert is not None:
-            try:
-                self.on_alert(alert)
-            except Exception:
-                logger.exception("on_alert callback failed")
-
-    def _call(self, rid: str) -> _Call:
-        call = self._calls.get(rid)
-        if call is None:
-            call = self._calls[rid] = _Call()
-            while len(self._calls) > 10_000:
-                self._calls.popitem(last=False)
-        else:
-            self._calls.move_to_end(rid)
-        return call
+        self._recent.settled(ticket.request_id, actual, attempt, usages)
+        self.alerts.check(ticket.reservation.keys, usages, ledger=self.ledger, now=self.now)
 
     def call_info(self, request_id: str) -> dict[str, Any] | None:
         """Cost, estimate and tightest remaining budget of a recent request (router call id or
         LangChain run id), for logs and metrics."""
-        with self._lock:
-            call = self._calls.get(request_id)
-            if call is None:
-                return None
-            return {
-                "estimate": call.estimate,
-                "cost": call.cost,
-                "attempt_costs": dict(call.attempts),
-                "budget_remaining": call.remaining,
-                "budget_tightest": call.remaining_budget,
-            }
-
-    # -- candidates (what may serve a call, with its price) ------------------------------------
-
-    def candidates_for_deployments(self, deployments: Iterable[DeploymentInfo]) -> list[Candidate]:
-        out = []
-        for d in deployments:
-            params = d.params or {}
-            model = str(params.get("base_model") or d.model)
-            out.append((d.id, model, self.prices.for_deployment(d)))
-        return out
-
-    def candidates_for_model(self, model: str, *, provider: str | None = None) -> list[Candidate]:
-        """What a model name (as a LangChain model reports it) costs: the ``price_resolver``,
-        then a bound router's group of that name, then the price book."""
-        if self._resolver is not None:
-            got = self._resolver(model)
-            if got is not None:
-                items = got if isinstance(got, list) else [got]
-                out = []
-                for i, item in enumerate(items):
-                    if hasattr(item, "params") and hasattr(item, "model_group"):
-                        out.extend(self.candidates_for_deployments([item]))
-                    else:
-                        p = coerce_price(item, "price_resolver", source="resolver", model=model)
-                        out.append((model if len(items) == 1 else f"{model}#{i}", model, p))
-                if out:
-                    return out
-        router = self._router
-        if router is not None and model in router.model_groups:
-            return self.candidates_for_deployments(router.deployments(model))
-        return [(model, model, self.prices.for_model(model, provider=provider))]
+        return self._recent.info(request_id)
 
     # -- the router's AttemptGuard protocol ----------------------------------------------------
 
     def before_attempt(self, info: AttemptInfo) -> Ticket:
+        """Reserve the attempt's worst case over the deployments that may serve it."""
         kwargs = info.kwargs
         md = info.metadata
         tags = md.get("tags")
@@ -807,6 +537,7 @@ class CostGuard:
         usage: Mapping[str, int] | None,
         failure: Failure | None,
     ) -> None:
+        """Settle the attempt's ticket to its reported cost or usage; release it on failure."""
         if not isinstance(token, Ticket):
             return
         if failure is not None:
@@ -888,6 +619,7 @@ class CostGuard:
         return rep
 
     def close(self) -> None:
+        """Close the ledger."""
         self.ledger.close()
 
     def __repr__(self) -> str:

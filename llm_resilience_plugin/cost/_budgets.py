@@ -1,0 +1,230 @@
+"""Budgets: spending limits over calendar windows, and the ledger keys each call is charged under.
+
+Days and months are calendar-aligned in the guard's timezone; per-request and per-run budgets
+are keyed by the call's ids, scoped budgets by a metadata/tag value (one limit per tenant).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import date, datetime, timedelta, tzinfo
+from typing import Any, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from llm_resilience_plugin.cost._ledger import BudgetKey
+from llm_resilience_plugin.errors import ConfigError
+
+Period = Literal["request", "run", "day", "month", "total"]
+_PERIODS: tuple[str, ...] = ("request", "run", "day", "month", "total")
+_SCOPED_PERIODS: tuple[str, ...] = ("day", "month", "total")
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """A spending limit in dollars over a period, optionally per scope value.
+
+    Build with :meth:`per_request`, :meth:`per_run`, :meth:`daily`, :meth:`monthly`,
+    :meth:`total` or :meth:`scoped`. Days and months are calendar-aligned in the guard's
+    timezone. A scoped budget applies to calls whose metadata (or tags, as ``"key:value"`` or
+    ``"key=value"``) carry its key; each value (each tenant) has its own limit.
+    """
+
+    limit: float
+    period: Period
+    scope: str | None = None
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.limit, bool) or not isinstance(self.limit, int | float):
+            raise ConfigError("Budget.limit", f"must be a number of dollars, got {type(self.limit).__name__}")
+        if not math.isfinite(self.limit) or self.limit <= 0:
+            raise ConfigError(
+                "Budget.limit",
+                f"must be a positive number of dollars, got {self.limit!r} (to forbid spending, "
+                "do not route to the model; to lift a limit, remove the budget)",
+            )
+        if self.period not in _PERIODS:
+            raise ConfigError("Budget.period", f"{self.period!r} is not one of {', '.join(_PERIODS)}")
+        if self.scope is not None:
+            if not isinstance(self.scope, str) or not self.scope.strip():
+                raise ConfigError(
+                    "Budget.scope", "must be a non-empty metadata key such as 'tenant' or 'user'"
+                )
+            if self.period not in _SCOPED_PERIODS:
+                raise ConfigError(
+                    "Budget.period",
+                    f"a scoped budget takes period 'day', 'month' or 'total', not {self.period!r}",
+                )
+        if not isinstance(self.name, str):
+            raise ConfigError("Budget.name", "must be a string")
+        if not self.name:
+            default = (
+                f"{self.scope}/{self.period}"
+                if self.scope
+                else {
+                    "request": "per_request",
+                    "run": "per_run",
+                    "day": "daily",
+                    "month": "monthly",
+                    "total": "total",
+                }[self.period]
+            )
+            object.__setattr__(self, "name", default)
+        if "\x1f" in self.name:
+            raise ConfigError("Budget.name", "must not contain control characters")
+
+    @classmethod
+    def per_request(cls, limit: float, *, name: str = "") -> Budget:
+        """All attempts of one logical request (router call / LangChain LLM run)."""
+        return cls(limit, "request", None, name)
+
+    @classmethod
+    def per_run(cls, limit: float, *, name: str = "") -> Budget:
+        """All LLM calls under one root LangChain run (e.g. one agent run); for router calls,
+        the calls sharing ``metadata={"run_id": ...}`` (else one call)."""
+        return cls(limit, "run", None, name)
+
+    @classmethod
+    def daily(cls, limit: float, *, name: str = "") -> Budget:
+        """A calendar-day limit (days start at midnight in the guard's timezone)."""
+        return cls(limit, "day", None, name)
+
+    @classmethod
+    def monthly(cls, limit: float, *, name: str = "") -> Budget:
+        """A calendar-month limit (in the guard's timezone)."""
+        return cls(limit, "month", None, name)
+
+    @classmethod
+    def total(cls, limit: float, *, name: str = "") -> Budget:
+        """A lifetime limit (no window)."""
+        return cls(limit, "total", None, name)
+
+    @classmethod
+    def scoped(cls, key: str, limit: float, *, period: str = "day", name: str = "") -> Budget:
+        """Per value of metadata/tag ``key`` (``"tenant"``, ``"user"``, ``"feature"``)."""
+        return cls(limit, period, key, name)  # type: ignore[arg-type]
+
+
+def check_budgets(budgets: Any) -> tuple[Budget, ...]:
+    """``budgets`` as a tuple after checking it is a list of :class:`Budget` with unique names."""
+    if isinstance(budgets, Budget) or not isinstance(budgets, Sequence):
+        raise ConfigError("budgets", "expected a list of Budget objects, e.g. [Budget.daily(50)]")
+    seen: set[str] = set()
+    for b in budgets:
+        if not isinstance(b, Budget):
+            raise ConfigError("budgets", f"expected Budget objects (Budget.daily(50), ...), got {b!r}")
+        if b.name in seen:
+            raise ConfigError(
+                "budgets", f"two budgets are named {b.name!r}; pass name=... to tell them apart"
+            )
+        seen.add(b.name)
+    return tuple(budgets)
+
+
+def scope_value(key: str, metadata: Mapping[str, Any] | None, tags: Iterable[str] | None) -> str | None:
+    """The value of scope ``key`` for a call: ``metadata[key]``, else a ``key:value`` or
+    ``key=value`` tag; None when the call does not carry it."""
+    v = (metadata or {}).get(key)
+    if isinstance(v, str) and v:
+        return v
+    if isinstance(v, int | float) and not isinstance(v, bool):
+        return str(v)
+    for t in tags or ():
+        if isinstance(t, str) and len(t) > len(key) + 1 and t.startswith(key) and (t[len(key)] in ":="):
+            return t[len(key) + 1 :]
+    return None
+
+
+class BudgetCalendar:
+    """The guard's clock and calendar: "now" in epoch seconds and the day/month windows holding
+    an instant, in one timezone, so every budget and report agrees on where a day ends."""
+
+    def __init__(
+        self, timezone: str | tzinfo = "UTC", now: Callable[[], float | datetime] | None = None
+    ) -> None:
+        self.tz = self._check_tz(timezone)
+        if now is not None and not callable(now):
+            raise ConfigError("now", "must be a callable returning epoch seconds or a datetime")
+        self._now_fn = now or time.time
+
+    @staticmethod
+    def _check_tz(timezone: Any) -> tzinfo:
+        if isinstance(timezone, tzinfo):
+            return timezone
+        if isinstance(timezone, str):
+            try:
+                return ZoneInfo(timezone)
+            except (ZoneInfoNotFoundError, ValueError):
+                raise ConfigError(
+                    "timezone", f"unknown IANA timezone {timezone!r} (e.g. 'UTC', 'Europe/Paris')"
+                ) from None
+        raise ConfigError("timezone", "expected an IANA timezone name or a tzinfo")
+
+    def now(self) -> float:
+        """Epoch seconds from the injected clock (a naive ``datetime`` is read in the timezone)."""
+        v = self._now_fn()
+        if isinstance(v, datetime):
+            if v.tzinfo is None:
+                v = v.replace(tzinfo=self.tz)
+            return v.timestamp()
+        return float(v)
+
+    def windows(self, ts: float) -> tuple[str, str]:
+        """The day (``YYYY-MM-DD``) and month (``YYYY-MM``) windows holding ``ts``."""
+        dt = datetime.fromtimestamp(ts, self.tz)
+        return dt.date().isoformat(), f"{dt.year:04d}-{dt.month:02d}"
+
+    def window_bounds(self, period: str, ts: float | None = None) -> tuple[float, float]:
+        """Start and end (epoch seconds) of the ``"day"`` or ``"month"`` window holding ``ts``."""
+        dt = datetime.fromtimestamp(self.now() if ts is None else ts, self.tz)
+        if period == "day":
+            start = dt.date()
+            end = start + timedelta(days=1)
+        elif period == "month":
+            start = date(dt.year, dt.month, 1)
+            end = date(dt.year + (dt.month == 12), dt.month % 12 + 1, 1)
+        else:
+            raise ConfigError("period", "window_bounds takes 'day' or 'month'")
+        return (
+            datetime.combine(start, datetime.min.time(), self.tz).timestamp(),
+            datetime.combine(end, datetime.min.time(), self.tz).timestamp(),
+        )
+
+
+def budget_keys(
+    budgets: Iterable[Budget],
+    windows: tuple[str, str],
+    *,
+    metadata: Mapping[str, Any] | None,
+    tags: Iterable[str] | None,
+    request_id: str,
+    run_id: str | None,
+    keep_until: float,
+) -> tuple[list[BudgetKey], dict[str, str]]:
+    """The ledger keys a call is charged under - one per budget that applies, in the ``(day,
+    month)`` ``windows`` - and the scope values it carries. Request and run keys are kept until
+    ``keep_until``; a scoped budget whose key the call lacks does not apply."""
+    day, month = windows
+    keys: list[BudgetKey] = []
+    scopes: dict[str, str] = {}
+    tags = list(tags or ())
+    for b in budgets:
+        if b.period == "request":
+            keys.append(BudgetKey(b.name, f"request={request_id}", "request", b.limit, keep_until))
+            continue
+        if b.period == "run":
+            keys.append(BudgetKey(b.name, f"run={run_id or request_id}", "run", b.limit, keep_until))
+            continue
+        window = {"day": day, "month": month, "total": "all"}[b.period]
+        scope = ""
+        if b.scope is not None:
+            value = scope_value(b.scope, metadata, tags)
+            if value is None:
+                continue  # the budget does not apply to calls without that key
+            scopes[b.scope] = value
+            scope = f"{b.scope}={value}"
+        keys.append(BudgetKey(b.name, scope, window, b.limit))
+    return keys, scopes
