@@ -14,7 +14,8 @@ from datetime import date, datetime, timedelta, tzinfo
 from typing import Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from llm_resilience_plugin.cost._ledger import BudgetKey
+from llm_resilience_plugin.cost._ledger import BudgetKey, KeyUsage, Ledger
+from llm_resilience_plugin.cost._prices import is_number
 from llm_resilience_plugin.errors import ConfigError
 
 Period = Literal["request", "run", "day", "month", "total"]
@@ -194,37 +195,79 @@ class BudgetCalendar:
         )
 
 
-def budget_keys(
-    budgets: Iterable[Budget],
-    windows: tuple[str, str],
-    *,
-    metadata: Mapping[str, Any] | None,
-    tags: Iterable[str] | None,
-    request_id: str,
-    run_id: str | None,
-    keep_until: float,
-) -> tuple[list[BudgetKey], dict[str, str]]:
-    """The ledger keys a call is charged under - one per budget that applies, in the ``(day,
-    month)`` ``windows`` - and the scope values it carries. Request and run keys are kept until
-    ``keep_until``; a scoped budget whose key the call lacks does not apply."""
-    day, month = windows
-    keys: list[BudgetKey] = []
-    scopes: dict[str, str] = {}
-    tags = list(tags or ())
-    for b in budgets:
-        if b.period == "request":
-            keys.append(BudgetKey(b.name, f"request={request_id}", "request", b.limit, keep_until))
-            continue
-        if b.period == "run":
-            keys.append(BudgetKey(b.name, f"run={run_id or request_id}", "run", b.limit, keep_until))
-            continue
-        window = {"day": day, "month": month, "total": "all"}[b.period]
-        scope = ""
-        if b.scope is not None:
-            value = scope_value(b.scope, metadata, tags)
-            if value is None:
-                continue  # the budget does not apply to calls without that key
-            scopes[b.scope] = value
-            scope = f"{b.scope}={value}"
-        keys.append(BudgetKey(b.name, scope, window, b.limit))
-    return keys, scopes
+class BudgetSet:
+    """The guard's budgets on its calendar: the ledger keys each call is charged under, and what
+    those budgets have used so far in their current windows."""
+
+    def __init__(self, budgets: tuple[Budget, ...], calendar: BudgetCalendar, reservation_ttl: float) -> None:
+        self.budgets = budgets
+        self.calendar = calendar
+        if not is_number(reservation_ttl) or reservation_ttl <= 0:
+            raise ConfigError("reservation_ttl", "must be a positive number of seconds")
+        self.reservation_ttl = float(reservation_ttl)
+
+    def keys(
+        self,
+        ts: float,
+        metadata: Mapping[str, Any] | None,
+        tags: Iterable[str] | None,
+        request_id: str,
+        run_id: str | None,
+    ) -> tuple[list[BudgetKey], dict[str, str]]:
+        """The keys a call at ``ts`` is charged under - one per budget that applies - and the
+        scope values it carries. A scoped budget whose key the call lacks does not apply."""
+        day, month = self.calendar.windows(ts)
+        keep = ts + max(86400.0, 2 * self.reservation_ttl)
+        keys: list[BudgetKey] = []
+        scopes: dict[str, str] = {}
+        tags = list(tags or ())
+        for b in self.budgets:
+            if b.period == "request":
+                keys.append(BudgetKey(b.name, f"request={request_id}", "request", b.limit, keep))
+                continue
+            if b.period == "run":
+                keys.append(BudgetKey(b.name, f"run={run_id or request_id}", "run", b.limit, keep))
+                continue
+            window = {"day": day, "month": month, "total": "all"}[b.period]
+            scope = ""
+            if b.scope is not None:
+                value = scope_value(b.scope, metadata, tags)
+                if value is None:
+                    continue  # the budget does not apply to calls without that key
+                scopes[b.scope] = value
+                scope = f"{b.scope}={value}"
+            keys.append(BudgetKey(b.name, scope, window, b.limit))
+        return keys, scopes
+
+    def usage(
+        self,
+        ledger: Ledger,
+        metadata: Mapping[str, Any] | None,
+        tags: Iterable[str] | None,
+        request_id: str | None,
+        run_id: str | None,
+    ) -> list[KeyUsage]:
+        """Usage now of every budget that applies to a call with this metadata/tags (per-request
+        and per-run budgets only when their id is given)."""
+        keys, _ = self.keys(self.calendar.now(), metadata, tags, request_id or "", run_id)
+        keys = [
+            k
+            for k in keys
+            if (k.window != "request" or request_id is not None) and (k.window != "run" or run_id is not None)
+        ]
+        return ledger.usage(keys)
+
+    def window_usage(self, ledger: Ledger) -> list[KeyUsage]:
+        """Every day/month/total budget's usage in its current window (a scoped budget: one row
+        per scope value the ledger saw there); per-request and per-run budgets are skipped."""
+        day, month = self.calendar.windows(self.calendar.now())
+        rows: list[KeyUsage] = []
+        for b in self.budgets:
+            if b.period in ("request", "run"):
+                continue
+            window = {"day": day, "month": month, "total": "all"}[b.period]
+            if b.scope is None:
+                rows.extend(ledger.usage([BudgetKey(b.name, "", window, b.limit)]))
+            else:
+                rows.extend(ledger.list_usage(budget=b.name, window=window))
+        return rows

@@ -41,13 +41,12 @@ from llm_resilience_plugin.cost._alerts import BudgetAlert, BudgetAlerts
 from llm_resilience_plugin.cost._budgets import (
     Budget,
     BudgetCalendar,
-    budget_keys,
+    BudgetSet,
     check_budgets,
     scope_value,
 )
 from llm_resilience_plugin.cost._estimate import CostEstimator, PriceResolver, TokenCounter
 from llm_resilience_plugin.cost._ledger import (
-    BudgetKey,
     KeyUsage,
     Ledger,
     Reservation,
@@ -63,6 +62,7 @@ from llm_resilience_plugin.cost._prices import (
     UnknownModelPolicy,
     coerce_price,
     is_number,
+    settled_cost,
 )
 from llm_resilience_plugin.errors import BudgetExceededError, ConfigError, Failure
 from llm_resilience_plugin.events import hidden_params_of
@@ -106,6 +106,40 @@ class _Call:
     attempts: dict[int, float] = field(default_factory=dict)
     remaining: float | None = None
     remaining_budget: str | None = None
+
+
+def _log_refusal(
+    err: BudgetExceededError, request_id: str, model: str, model_group: str | None, scopes: dict[str, str]
+) -> None:
+    """Log a refused reservation as ``budget_refused`` (which budget, how far over, for whom)."""
+    logger.info(
+        "budget_refused",
+        extra={
+            "llm_event_name": "budget_refused",
+            "llm_event": {
+                "budget": err.budget,
+                "spent": err.spent,
+                "reservation": err.reservation,
+                "limit": err.limit,
+                "request_id": request_id,
+                "model": model,
+                "model_group": model_group,
+                **{f"scope_{k}": v for k, v in scopes.items()},
+            },
+        },
+    )
+
+
+def _token_usage(response: Any | None, usage: Mapping[str, int] | None) -> tuple[Any, Any]:
+    """``(prompt_tokens, completion_tokens)`` of an attempt: the usage the router read, else the
+    response's own ``usage``; None where unknown."""
+    if usage:
+        return usage.get("prompt_tokens"), usage.get("completion_tokens")
+    if response is not None and getattr(response, "usage", None) is not None:
+        return getattr(response.usage, "prompt_tokens", None), getattr(
+            response.usage, "completion_tokens", None
+        )
+    return None, None
 
 
 class RecentCalls:
@@ -213,7 +247,7 @@ class CostGuard:
         reservation_ttl: float = 900.0,
         on_cancel: Literal["estimate", "release"] = "estimate",
     ) -> None:
-        self.budgets: tuple[Budget, ...] = check_budgets(budgets)
+        checked = check_budgets(budgets)
         self.alerts = BudgetAlerts(alert_at, on_alert)
         self.calendar = BudgetCalendar(timezone, now)
         self.estimator = CostEstimator(
@@ -223,9 +257,7 @@ class CostGuard:
             prompt_margin=prompt_margin,
             token_counter=token_counter,
         )
-        if not is_number(reservation_ttl) or reservation_ttl <= 0:
-            raise ConfigError("reservation_ttl", "must be a positive number of seconds")
-        self.reservation_ttl = float(reservation_ttl)
+        self.budget_set = BudgetSet(checked, self.calendar, reservation_ttl)
         if on_cancel not in ("estimate", "release"):
             raise ConfigError("on_cancel", "expected 'estimate' (conservative, default) or 'release'")
         self.on_cancel = on_cancel
@@ -234,7 +266,17 @@ class CostGuard:
         self._lock = threading.Lock()  # a ticket is settled or released once
         self._recent = RecentCalls()
 
-    # -- configuration (held by the collaborators) -----------------------------------------------
+    # -- configuration (held by the collaborators) -------------------------------------------------
+
+    @property
+    def budgets(self) -> tuple[Budget, ...]:
+        """The budgets, in the order given."""
+        return self.budget_set.budgets
+
+    @property
+    def reservation_ttl(self) -> float:
+        """Seconds after which an unsettled reservation is reaped."""
+        return self.budget_set.reservation_ttl
 
     @property
     def prices(self) -> PriceBook:
@@ -271,7 +313,7 @@ class CostGuard:
         ``unknown_model="error"``) and let the LangChain handler map its group names to them."""
         self.estimator.bind_router(router)
 
-    # -- time, scopes and keys -------------------------------------------------------------------
+    # -- time and scopes ---------------------------------------------------------------------------
 
     def now(self) -> float:
         """Epoch seconds from the guard's clock."""
@@ -289,25 +331,7 @@ class CostGuard:
         """The value of scope ``key`` carried by a call's metadata or tags, if any."""
         return scope_value(key, metadata, tags)
 
-    def _keys(
-        self,
-        ts: float,
-        metadata: Mapping[str, Any] | None,
-        tags: Iterable[str] | None,
-        request_id: str,
-        run_id: str | None,
-    ) -> tuple[list[BudgetKey], dict[str, str]]:
-        return budget_keys(
-            self.budgets,
-            self._windows(ts),
-            metadata=metadata,
-            tags=tags,
-            request_id=request_id,
-            run_id=run_id,
-            keep_until=ts + max(86400.0, 2 * self.reservation_ttl),
-        )
-
-    # -- estimating (see CostEstimator) ----------------------------------------------------------
+    # -- estimating (see CostEstimator) ------------------------------------------------------------
 
     def count_prompt_tokens(
         self,
@@ -353,7 +377,7 @@ class CostGuard:
         then a bound router's group of that name, then the price book."""
         return self.estimator.candidates_for_model(model, provider=provider)
 
-    # -- reserve / settle / release ----------------------------------------------------------
+    # -- reserve / settle / release ----------------------------------------------------------------
 
     def reserve(
         self,
@@ -385,29 +409,14 @@ class CostGuard:
         )
         ts = self.now()
         rid = request_id or uuid.uuid4().hex
-        keys, scopes = self._keys(ts, metadata, tags, rid, run_id)
+        keys, scopes = self.budget_set.keys(ts, metadata, tags, rid, run_id)
         prices = {k: p for k, _m, p in candidates}
         fallback = prices[worst]
         worst_model = next(m for k, m, _p in candidates if k == worst)
         try:
             reservation = self.ledger.reserve(keys, amount, now=ts, ttl=self.reservation_ttl)
         except BudgetExceededError as err:
-            logger.info(
-                "budget_refused",
-                extra={
-                    "llm_event_name": "budget_refused",
-                    "llm_event": {
-                        "budget": err.budget,
-                        "spent": err.spent,
-                        "reservation": err.reservation,
-                        "limit": err.limit,
-                        "request_id": rid,
-                        "model": worst_model,
-                        "model_group": model_group,
-                        **{f"scope_{k}": v for k, v in scopes.items()},
-                    },
-                },
-            )
+            _log_refusal(err, rid, worst_model, model_group, scopes)
             raise
         day, month = self._windows(ts)
         ticket = Ticket(
@@ -446,26 +455,13 @@ class CostGuard:
                 return ticket.cost or 0.0
             ticket.done = True
         price = ticket.prices.get(deployment_id or "") or ticket.fallback_price
-        estimated = False
-        pt = int(prompt_tokens or 0)
-        ct = int(completion_tokens or 0)
-        has_usage = prompt_tokens is not None or completion_tokens is not None
-        computed = price.cost(pt, ct) if has_usage else None
-        free = price.input_cost_per_token == 0 and price.output_cost_per_token == 0
-        # A reported 0 is believed only when our own figure agrees (LiteLLM reports 0 for a
-        # model it cannot price - e.g. under a fixed unknown_model price).
-        if (
-            cost is not None
-            and is_number(cost)
-            and cost >= 0
-            and (cost > 0 or computed == 0 or (computed is None and free))
-        ):
-            actual = float(cost)
-        elif computed is not None:
-            actual = computed
-        else:
-            actual = ticket.estimate
-            estimated = True
+        actual, estimated = settled_cost(
+            price,
+            reported=cost,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            estimate=ticket.estimate,
+        )
         ticket.cost = actual
         entry = SpendEntry(
             ts=ticket.started_at,
@@ -476,13 +472,14 @@ class CostGuard:
             model_group=ticket.model_group,
             deployment_id=deployment_id,
             scopes=ticket.scopes,
-            prompt_tokens=pt,
-            completion_tokens=ct,
+            prompt_tokens=int(prompt_tokens or 0),
+            completion_tokens=int(completion_tokens or 0),
             request_id=ticket.request_id,
             estimated=estimated,
         )
         usages = self.ledger.settle(ticket.reservation, actual, entry)
-        self._after_settle(ticket, usages, actual, attempt)
+        self._recent.settled(ticket.request_id, actual, attempt, usages)
+        self.alerts.check(ticket.reservation.keys, usages, ledger=self.ledger, now=self.now)
         return actual
 
     def release(self, ticket: Ticket) -> None:
@@ -493,18 +490,12 @@ class CostGuard:
             ticket.done = True
         self.ledger.release(ticket.reservation)
 
-    def _after_settle(
-        self, ticket: Ticket, usages: list[KeyUsage], actual: float, attempt: int | None
-    ) -> None:
-        self._recent.settled(ticket.request_id, actual, attempt, usages)
-        self.alerts.check(ticket.reservation.keys, usages, ledger=self.ledger, now=self.now)
-
     def call_info(self, request_id: str) -> dict[str, Any] | None:
         """Cost, estimate and tightest remaining budget of a recent request (router call id or
         LangChain run id), for logs and metrics."""
         return self._recent.info(request_id)
 
-    # -- the router's AttemptGuard protocol ----------------------------------------------------
+    # -- the router's AttemptGuard protocol --------------------------------------------------------
 
     def before_attempt(self, info: AttemptInfo) -> Ticket:
         """Reserve the attempt's worst case over the deployments that may serve it."""
@@ -546,14 +537,8 @@ class CostGuard:
         if response is None and not usage and self.on_cancel == "release":
             self.release(token)  # cancelled in flight, and told to trust that it cost nothing
             return
-        hidden = hidden_params_of(response) or {}
-        reported = hidden.get("response_cost")
-        pt = ct = None
-        if usage:
-            pt, ct = usage.get("prompt_tokens"), usage.get("completion_tokens")
-        elif response is not None and getattr(response, "usage", None) is not None:
-            pt = getattr(response.usage, "prompt_tokens", None)
-            ct = getattr(response.usage, "completion_tokens", None)
+        reported = (hidden_params_of(response) or {}).get("response_cost")
+        pt, ct = _token_usage(response, usage)
         self.settle(
             token,
             cost=reported if is_number(reported) else None,
@@ -563,7 +548,7 @@ class CostGuard:
             model=getattr(response, "model", None) if response is not None else None,
         )
 
-    # -- queries ---------------------------------------------------------------------------------
+    # -- queries -----------------------------------------------------------------------------------
 
     def usage(
         self,
@@ -575,13 +560,7 @@ class CostGuard:
     ) -> list[KeyUsage]:
         """Current-window usage of every budget that would apply to a call with this
         metadata/tags (per-request and per-run budgets only when their id is given)."""
-        keys, _ = self._keys(self.now(), metadata, tags, request_id or "", run_id)
-        keys = [
-            k
-            for k in keys
-            if (k.window != "request" or request_id is not None) and (k.window != "run" or run_id is not None)
-        ]
-        return self.ledger.usage(keys)
+        return self.budget_set.usage(self.ledger, metadata, tags, request_id, run_id)
 
     def remaining(
         self, metadata: Mapping[str, Any] | None = None, tags: Iterable[str] | None = None
@@ -604,18 +583,7 @@ class CostGuard:
         """Settled spend by day, month, model, group, deployment and scope, plus every budget's
         current window (scoped budgets: one row per scope value seen this window)."""
         rep = self.ledger.report(since, until)
-        ts = self.now()
-        day, month = self._windows(ts)
-        rows: list[KeyUsage] = []
-        for b in self.budgets:
-            if b.period in ("request", "run"):
-                continue
-            window = {"day": day, "month": month, "total": "all"}[b.period]
-            if b.scope is None:
-                rows.extend(self.ledger.usage([BudgetKey(b.name, "", window, b.limit)]))
-            else:
-                rows.extend(self.ledger.list_usage(budget=b.name, window=window))
-        rep.budgets = rows
+        rep.budgets = self.budget_set.window_usage(self.ledger)
         return rep
 
     def close(self) -> None:

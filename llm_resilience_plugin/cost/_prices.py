@@ -247,3 +247,30 @@ class PriceBook:
 
 # What may serve a call: (deployment id or model name, model, its Price).
 Candidate = tuple[str, str, Price]
+
+
+def settled_cost(
+    price: Price,
+    *,
+    reported: Any,
+    prompt_tokens: int | None,
+    completion_tokens: int | None,
+    estimate: float,
+) -> tuple[float, bool]:
+    """What an attempt cost: the provider's ``reported`` figure, else usage x ``price``, else the
+    ``estimate`` (nothing known: conservative). Returns ``(dollars, True if it is the estimate)``."""
+    has_usage = prompt_tokens is not None or completion_tokens is not None
+    computed = price.cost(int(prompt_tokens or 0), int(completion_tokens or 0)) if has_usage else None
+    free = price.input_cost_per_token == 0 and price.output_cost_per_token == 0
+    # A reported 0 is believed only when our own figure agrees (LiteLLM reports 0 for a
+    # model it cannot price - e.g. under a fixed unknown_model price).
+    if (
+        reported is not None
+        and is_number(reported)
+        and reported >= 0
+        and (reported > 0 or computed == 0 or (computed is None and free))
+    ):
+        return float(reported), False
+    if computed is not None:
+        return computed, False
+    return estimate, True
