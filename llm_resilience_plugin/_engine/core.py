@@ -49,6 +49,10 @@ RAISED_AS_THEMSELVES = (
 )
 
 
+class DeadlineSkip(TimeoutError):
+    """No time was left in the call's deadline for another attempt (nothing was sent)."""
+
+
 @dataclass(frozen=True, slots=True)
 class CallOptions:
     """Per-call overrides, taken out of the LiteLLM kwargs before anything is sent."""
@@ -130,6 +134,7 @@ class CallState:
     require_prefill: bool = False
     out_of_time: bool = False  # a retry or fallback was given up because it would not fit
     served: Served | None = None  # the last answer, as its attempt read it
+    context: Any = None  # what the dispatcher needs for this call (e.g. a LangChain run's config)
 
 
 def next_route(
@@ -169,17 +174,29 @@ def wants_static_answer(call: CallState, failure: Failure, static_answers: Mappi
     return static_answers.get(scenario)
 
 
-def final_error(call: CallState, min_attempt_time: float) -> BaseException:
-    """The most informative error: a non-retryable provider error as itself, otherwise one
-    error listing every attempt, chained to the first root cause."""
+def provider_error_as_itself(call: CallState, failure: Failure) -> bool:
+    """The router's rule: a caller-side provider error (bad request, context window, content
+    policy, budget, unknown) is raised as itself — no other route would have answered it."""
+    return failure.error_class in RAISED_AS_THEMSELVES and not isinstance(failure.exception, DeadlineSkip)
+
+
+def final_error(
+    call: CallState,
+    min_attempt_time: float,
+    as_itself: Callable[[CallState, Failure], bool] = provider_error_as_itself,
+) -> BaseException:
+    """The most informative error: the first failure ``as_itself`` picks, raised as itself;
+    otherwise one error listing every attempt (:class:`DeadlineExceededError` when time ran
+    out), chained to the first root cause."""
     failures = call.failures
     report = call.report
     for f in failures:
-        if f.error_class in RAISED_AS_THEMSELVES:
+        if as_itself(call, f):
             attach_report(f.exception, report)
             return f.exception
-    root = next((f for f in failures if f.error_class is not ErrorClass.CIRCUIT_OPEN), None)
-    root = root or (failures[0] if failures else None)
+    real = [f for f in failures if not isinstance(f.exception, DeadlineSkip)]
+    root = next((f for f in real if f.error_class is not ErrorClass.CIRCUIT_OPEN), None)
+    root = root or (real[0] if real else None)
     n = report.upstream_requests
     out_of_time = call.out_of_time or call.deadline.remaining() <= min_attempt_time
     if out_of_time and failures:

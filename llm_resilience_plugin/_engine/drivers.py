@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import tenacity
@@ -26,7 +27,12 @@ from llm_resilience_plugin._engine.degradation import (
 )
 from llm_resilience_plugin._engine.engine import Engine
 from llm_resilience_plugin._engine.hedging import HedgeState
-from llm_resilience_plugin._engine.retry import AttemptFailed, GroupRetryState, build_retrying
+from llm_resilience_plugin._engine.retry import (
+    AttemptFailed,
+    GroupRetryState,
+    build_retrying,
+    build_sync_retrying,
+)
 from llm_resilience_plugin.errors import ErrorClass, Failure
 from llm_resilience_plugin.events import (
     FallbackTaken,
@@ -38,14 +44,80 @@ from llm_resilience_plugin.events import (
 )
 
 
+@dataclass(slots=True)
+class _Walk:
+    """Where a call's route walk stands: the group and level it is on, what it has tried."""
+
+    requested: str
+    messages: Any
+    kwargs: dict[str, Any]
+    group: str = ""
+    level: int = 0
+    tried: list[str] = field(default_factory=list)
+    trimmed: bool = False
+
+    def __post_init__(self) -> None:
+        self.group = self.requested
+        self.tried = [self.requested]
+
+
+class _Done(Exception):
+    """The walk ends with ``result`` (a static answer) instead of an error."""
+
+    def __init__(self, result: Any) -> None:
+        self.result = result
+
+
+def _after_exhausted(
+    engine: Engine, call: CallState, walk: _Walk, failure: Failure, base_kwargs: dict[str, Any]
+) -> None:
+    """A group gave up on ``failure``: trim and go again, fail over, answer statically, or raise
+    the call's final error. Shared by the async and the sync walk."""
+    degradation = engine.policies[walk.requested].degradation
+    chain = engine.fallback_chain(walk.requested, failure.error_class)
+    nxt = next_route(
+        call, engine.policy, engine.policies[walk.requested], chain, failure, walk.tried, walk.level
+    )
+    if (
+        nxt is None
+        and engine.degrades
+        and not walk.trimmed
+        and failure.error_class is ErrorClass.CONTEXT_WINDOW
+        and degradation.trim_context_on_overflow
+    ):
+        smaller = _trimmed(engine, walk.group, walk.messages, walk.kwargs, failure, degradation)
+        if smaller is not None:
+            walk.trimmed = True
+            call.report.degraded.append(f"context trimmed: {len(walk.messages)} -> {len(smaller)} messages")
+            walk.messages = smaller
+            return
+    if nxt is None:
+        static = (
+            _static_answer(engine, call, walk.requested, failure, walk.messages) if engine.degrades else None
+        )
+        if static is not None:
+            finish(engine, call, static, None, group=None, level=walk.level)
+            raise _Done(static)
+        finish(engine, call, None, failure)
+        err = final_error(call, engine.policy.min_attempt_time, engine.as_itself)
+        raise err from err.__cause__
+    engine.emit(call, FallbackTaken(call.call_id, walk.group, nxt, walk.level + 1, failure.error_class))
+    walk.tried.append(nxt)
+    walk.group = nxt
+    walk.level += 1
+    if engine.degrades:
+        walk.kwargs = _degrade_for_level(
+            engine, call, degradation.levels.get(walk.level), base_kwargs, walk.level
+        )
+
+
 async def walk_routes(
-    engine: Engine, call: CallState, requested: str, messages: list[dict[str, Any]], kwargs: dict[str, Any]
+    engine: Engine, call: CallState, requested: str, messages: Any, kwargs: dict[str, Any]
 ) -> Any:
     """The whole call: the requested group, then its fallback chain, until one answers."""
-    degradation = engine.policies[requested].degradation
-    group, level, tried = requested, 0, [requested]
-    call_messages, call_kwargs, trimmed = messages, kwargs, False
+    walk = _Walk(requested, messages, kwargs)
     while True:
+        group, level = walk.group, walk.level
         try:
             # The first attempt runs before tenacity is built: most calls succeed at once and
             # never pay for a retry loop. A failure is handed to tenacity as its attempt 1.
@@ -54,46 +126,61 @@ async def walk_routes(
             hedge = engine.hedge_for(call, group)
             try:
                 if hedge is None:
-                    result = await engine.attempt(call, group, level, call_messages, call_kwargs)
+                    result = await engine.attempt(call, group, level, walk.messages, walk.kwargs)
                 else:
                     result = await _hedged_attempt(
-                        engine, call, group, level, call_messages, call_kwargs, hedge
+                        engine, call, group, level, walk.messages, walk.kwargs, hedge
                     )
             except AttemptFailed as first:
                 result = await _retry_group(
-                    engine, call, group, level, call_messages, call_kwargs, hedge, first
+                    engine, call, group, level, walk.messages, walk.kwargs, hedge, first
                 )
         except AttemptFailed as af:
-            failure = af.failure
-            chain = engine.spec.fallback_chain(requested, failure.error_class)
-            nxt = next_route(call, engine.policy, engine.policies[requested], chain, failure, tried, level)
-            if (
-                nxt is None
-                and not trimmed
-                and failure.error_class is ErrorClass.CONTEXT_WINDOW
-                and degradation.trim_context_on_overflow
-            ):
-                smaller = _trimmed(engine, group, call_messages, call_kwargs, failure, degradation)
-                if smaller is not None:
-                    trimmed = True
-                    call.report.degraded.append(
-                        f"context trimmed: {len(call_messages)} -> {len(smaller)} messages"
-                    )
-                    call_messages = smaller
-                    continue
-            if nxt is None:
-                static = _static_answer(engine, call, requested, failure, call_messages)
-                if static is not None:
-                    finish(engine, call, static, None, group=None, level=level)
-                    return static
-                finish(engine, call, None, failure)
-                err = final_error(call, engine.policy.min_attempt_time)
-                raise err from err.__cause__
-            engine.emit(call, FallbackTaken(call.call_id, group, nxt, level + 1, failure.error_class))
-            tried.append(nxt)
-            group = nxt
-            level += 1
-            call_kwargs = _degrade_for_level(engine, call, degradation.levels.get(level), kwargs, level)
+            try:
+                _after_exhausted(engine, call, walk, af.failure, kwargs)
+            except _Done as done:
+                return done.result
+            continue
+        finish(engine, call, result, None, group=group, level=level)
+        return result
+
+
+def walk_routes_sync(
+    engine: Engine,
+    call: CallState,
+    requested: str,
+    messages: Any,
+    kwargs: dict[str, Any],
+    before_retry: Callable[[tenacity.RetryCallState], None] | None = None,
+) -> Any:
+    """The blocking twin of :func:`walk_routes` on the caller's thread (no hedging): for
+    dispatchers whose attempts must run where the caller runs (LangChain sync runnables)."""
+    walk = _Walk(requested, messages, kwargs)
+    while True:
+        group, level = walk.group, walk.level
+        state = _group_state(engine, call, group)
+
+        def before_sleep(rs: tenacity.RetryCallState, group: str = group) -> None:
+            _retry_scheduled(engine, call, group, rs)
+            if before_retry is not None:
+                before_retry(rs)
+
+        try:
+            call.next_wait = 0.0
+            call.out_of_time = False
+            try:
+                for attempt in build_sync_retrying(state, engine.clock, before_sleep):
+                    with attempt:
+                        result = engine.attempt_sync(call, group, level, walk.messages, walk.kwargs)
+            except AttemptFailed:
+                if state.gave_up_reason is not None and state.gave_up_reason.startswith("no time left"):
+                    call.out_of_time = True
+                raise
+        except AttemptFailed as af:
+            try:
+                _after_exhausted(engine, call, walk, af.failure, kwargs)
+            except _Done as done:
+                return done.result
             continue
         finish(engine, call, result, None, group=group, level=level)
         return result
@@ -191,6 +278,35 @@ def finish(
         engine.emit(call, r)
 
 
+def _group_state(engine: Engine, call: CallState, group: str) -> GroupRetryState:
+    """What one group's retry predicates consult, fresh for this call."""
+    return GroupRetryState(
+        policy=engine.policies[group],
+        budget=engine.budgets[group],
+        deadline=call.deadline,
+        rng=engine.rng,
+        earliest_free=lambda: engine.earliest_free(call, group),
+        retry_cap=call.tier.max_retries if call.tier is not None else None,
+        has_fallback=engine.has_fallback(call, group),
+        retry_on=engine.retry_on,
+        retry_on_max=engine.retry_on_max,
+    )
+
+
+def _retry_scheduled(engine: Engine, call: CallState, group: str, rs: tenacity.RetryCallState) -> None:
+    """Before a retry's sleep: remember the wait for the next record and announce the retry."""
+    exc = rs.outcome.exception() if rs.outcome else None
+    sleep_s = rs.upcoming_sleep or 0.0
+    call.next_wait = sleep_s
+    if isinstance(exc, AttemptFailed):
+        engine.emit(
+            call,
+            RetryScheduled(
+                call.call_id, group, rs.attempt_number, sleep_s, exc.failure.error_class, exc.deployment_id
+            ),
+        )
+
+
 async def _retry_group(
     engine: Engine,
     call: CallState,
@@ -202,32 +318,10 @@ async def _retry_group(
     first_failure: AttemptFailed,
 ) -> Any:
     """Attempts 2..n in ``group``: tenacity decides whether, when and how often."""
-    state = GroupRetryState(
-        policy=engine.policies[group],
-        budget=engine.budgets[group],
-        deadline=call.deadline,
-        rng=engine.rng,
-        earliest_free=lambda: engine.earliest_free(call, group),
-        retry_cap=call.tier.max_retries if call.tier is not None else None,
-        has_fallback=engine.has_fallback(call, group),
-    )
+    state = _group_state(engine, call, group)
 
     async def before_sleep(rs: tenacity.RetryCallState) -> None:
-        exc = rs.outcome.exception() if rs.outcome else None
-        sleep_s = rs.upcoming_sleep or 0.0
-        call.next_wait = sleep_s
-        if isinstance(exc, AttemptFailed):
-            engine.emit(
-                call,
-                RetryScheduled(
-                    call.call_id,
-                    group,
-                    rs.attempt_number,
-                    sleep_s,
-                    exc.failure.error_class,
-                    exc.deployment_id,
-                ),
-            )
+        _retry_scheduled(engine, call, group, rs)
         if call.before_retry is not None:
             maybe = call.before_retry(rs)
             if maybe is not None:

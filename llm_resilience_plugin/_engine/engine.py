@@ -23,7 +23,14 @@ from llm_resilience_plugin._engine.breakers import (
     DeploymentBreaker,
 )
 from llm_resilience_plugin._engine.clock import Clock
-from llm_resilience_plugin._engine.core import CallState, Served, attempt_limit, attempt_timeouts
+from llm_resilience_plugin._engine.core import (
+    CallState,
+    DeadlineSkip,
+    Served,
+    attempt_limit,
+    attempt_timeouts,
+    provider_error_as_itself,
+)
 from llm_resilience_plugin._engine.dispatch import Dispatcher
 from llm_resilience_plugin._engine.hedging import HedgeState
 from llm_resilience_plugin._engine.retry import AttemptFailed, RetryBudget, SharedTokens
@@ -40,7 +47,7 @@ from llm_resilience_plugin.events import (
     hidden_params_of,
     usage_of,
 )
-from llm_resilience_plugin.policy import EffectivePolicy, RouterSpec
+from llm_resilience_plugin.policy import EffectivePolicy, ResiliencePolicy, RouterSpec
 
 _log = logging.getLogger("llm_resilience")
 
@@ -54,18 +61,35 @@ class Engine:
 
     def __init__(
         self,
-        spec: RouterSpec,
+        spec: RouterSpec | None,
         deployments: Mapping[str, DeploymentInfo],
         *,
         clock: Clock,
         seed: int | None,
         guards: list[AttemptGuard],
+        policy: ResiliencePolicy | None = None,
+        policies: Mapping[str, EffectivePolicy] | None = None,
         backend_for: BackendFor | None = None,
         bucket_for: BucketFor | None = None,
         shared_breakers: bool = False,
+        retry_on: Callable[[BaseException], bool] | None = None,
+        retry_on_max: int = 2,
+        degrades: bool = True,
+        as_itself: Callable[[CallState, Failure], bool] | None = None,
     ) -> None:
+        """``spec`` gives the fallback chains (None: no fallbacks); ``policies`` overrides the
+        effective policy per group; ``retry_on`` marks caller exceptions retryable (they then
+        count against the breaker); ``degrades`` allows context trimming and static answers
+        (chat messages only)."""
         self.spec = spec
-        self.policy = spec.policy
+        policy = policy if policy is not None else (spec.policy if spec is not None else None)
+        assert policy is not None, "an engine needs a spec or a policy"
+        self.policy = policy
+        self.retry_on = retry_on
+        self.retry_on_max = retry_on_max
+        self.degrades = degrades
+        # Which failure, if any, the caller sees as itself (see core.final_error).
+        self.as_itself: Callable[[CallState, Failure], bool] = as_itself or provider_error_as_itself
         self.clock = clock
         self.rng = random.Random(seed)
         self.rng_lock = threading.Lock()
@@ -150,10 +174,24 @@ class Engine:
         waits = [self.breakers[d].held_for(now) for d in self.admissible(call, group, now)]
         return min(waits) if waits else 0.0
 
+    def fallback_chain(self, group: str, error_class: ErrorClass | None) -> list[str]:
+        """The fallback groups of ``group`` after a failure of ``error_class``."""
+        return self.spec.fallback_chain(group, error_class) if self.spec is not None else []
+
     def has_fallback(self, call: CallState, group: str) -> bool:
         """Is there a generic fallback group this call could still move to?"""
         requested = call.report.requested_group
-        return any(g != group for g in self.spec.fallback_chain(requested, ErrorClass.RATE_LIMIT))
+        return any(g != group for g in self.fallback_chain(requested, ErrorClass.RATE_LIMIT))
+
+    def counts_against(self, failure: Failure) -> bool:
+        """Is this failure evidence against the deployment (and a spend of the retry budget)?"""
+        if failure.counts_against_deployment:
+            return True
+        return (
+            self.retry_on is not None
+            and failure.error_class is not ErrorClass.CIRCUIT_OPEN
+            and bool(self.retry_on(failure.exception))
+        )
 
     def hedge_for(self, call: CallState, group: str) -> HedgeState | None:
         """The group's hedging state, unless this call may not be hedged."""
@@ -179,21 +217,16 @@ class Engine:
 
     # -- one attempt -----------------------------------------------------------------------------
 
-    async def attempt(
+    def begin(
         self,
         call: CallState,
         group: str,
         level: int,
-        messages: list[dict[str, Any]],
-        kwargs: Mapping[str, Any],
-        *,
         exclude: frozenset[str] = frozenset(),
         holder: list[AttemptContext] | None = None,
-    ) -> Any:
-        """Send one attempt through the dispatcher and account for its outcome; a failure is
-        raised as :class:`AttemptFailed` (classified once)."""
-        dispatcher = self.dispatcher
-        assert dispatcher is not None, "an engine needs a dispatcher before its first call"
+    ) -> tuple[AttemptContext, float, float, float, float]:
+        """Open an attempt: (context, timeout sent, hard bound, started wall time, wait before it);
+        :class:`AttemptFailed` without sending when the deadline has no room for it."""
         pol = self.policies[group]
         call.attempt_no += 1
         wait_before, call.next_wait = call.next_wait, 0.0
@@ -205,8 +238,9 @@ class Engine:
                 None,
                 "call deadline exhausted before the attempt",
                 None,
-                TimeoutError("call deadline exhausted"),
+                DeadlineSkip("call deadline exhausted"),
             )
+            call.failures.append(failure)
             self.record(call, group, level, None, failure, started_wall, 0.0, wait_before, "skipped")
             raise AttemptFailed(failure, None)
         _, sent_timeout, bound = attempt_timeouts(attempt_limit(call, pol), remaining)
@@ -216,38 +250,61 @@ class Engine:
             group=group,
             exclude=exclude,
             token=f"{id(self)}:{call.call_id}:{next(ATTEMPT_IDS)}",
+            hedged=holder is not None,
         )
-        actx.hedged = holder is not None
         if holder is not None:
             holder.append(actx)
-        t0 = self.clock.monotonic()
-        try:
-            if self.guards:
-                self._guard_before(call, actx, group, level, messages, kwargs)
-            resp = await dispatcher.send(actx, messages, dict(kwargs), timeout_s=sent_timeout, bound=bound)
-        except asyncio.CancelledError:
-            self.release(actx.admission)
-            if actx.guard_tokens:
-                if actx.sent:  # in flight: the provider may bill it; the guard's policy decides
-                    actx.settle_guards(None, None, None)
-                else:  # nothing was sent: a plain release
-                    nothing = Failure(
-                        ErrorClass.UNKNOWN, None, "cancelled before sending", None, asyncio.CancelledError()
-                    )
-                    actx.settle_guards(None, None, nothing)
-            latency = self.clock.monotonic() - t0
-            cancelled = Failure(ErrorClass.UNKNOWN, None, "cancelled", None, asyncio.CancelledError())
-            self.record(call, group, level, actx, cancelled, started_wall, latency, wait_before, "cancelled")
-            raise
-        except BaseException as exc:  # classify once, then decide
-            if isinstance(exc, KeyboardInterrupt | SystemExit | GeneratorExit):
-                raise
-            latency = self.clock.monotonic() - t0
-            failure = classify(exc)
-            self.attempt_failed(call, group, level, actx, failure, started_wall, latency, wait_before)
-            raise AttemptFailed(failure, actx.picked) from None
-        finally:
-            actx.clean_up()
+        return actx, sent_timeout, bound, started_wall, wait_before
+
+    def cancelled(
+        self, actx: AttemptContext, level: int, t0: float, started_wall: float, wait_before: float
+    ) -> None:
+        """The attempt was cancelled (or abandoned): its breaker counts nothing; guards settle."""
+        self.release(actx.admission)
+        if actx.guard_tokens:
+            if actx.sent:  # in flight: the provider may bill it; the guard's policy decides
+                actx.settle_guards(None, None, None)
+            else:  # nothing was sent: a plain release
+                nothing = Failure(
+                    ErrorClass.UNKNOWN, None, "cancelled before sending", None, asyncio.CancelledError()
+                )
+                actx.settle_guards(None, None, nothing)
+        latency = self.clock.monotonic() - t0
+        cancelled = Failure(ErrorClass.UNKNOWN, None, "cancelled", None, asyncio.CancelledError())
+        self.record(
+            actx.call, actx.group, level, actx, cancelled, started_wall, latency, wait_before, "cancelled"
+        )
+
+    def failed(
+        self,
+        actx: AttemptContext,
+        level: int,
+        exc: BaseException,
+        t0: float,
+        started_wall: float,
+        wait_before: float,
+    ) -> AttemptFailed:
+        """Classify the attempt's error once and count it; the :class:`AttemptFailed` to raise."""
+        latency = self.clock.monotonic() - t0
+        failure = classify(exc)
+        self.attempt_failed(actx.call, actx.group, level, actx, failure, started_wall, latency, wait_before)
+        return AttemptFailed(failure, actx.picked)
+
+    def answered(
+        self,
+        actx: AttemptContext,
+        level: int,
+        resp: Any,
+        t0: float,
+        started_wall: float,
+        wait_before: float,
+        messages: Any,
+        kwargs: Mapping[str, Any],
+    ) -> Any:
+        """Count an answer (a live stream is counted when it ends); what the caller gets."""
+        dispatcher = self.dispatcher
+        assert dispatcher is not None
+        call = actx.call
         latency = self.clock.monotonic() - t0
         if call.stream:
             return dispatcher.wrap_stream(
@@ -256,9 +313,63 @@ class Engine:
         usage = usage_of(resp)
         call.served = Served(resp, usage, actx.picked)
         self.attempt_succeeded(
-            call, group, level, actx, started_wall, latency, wait_before, response=resp, usage=usage
+            call, actx.group, level, actx, started_wall, latency, wait_before, response=resp, usage=usage
         )
         return resp
+
+    async def attempt(
+        self,
+        call: CallState,
+        group: str,
+        level: int,
+        messages: Any,
+        kwargs: Mapping[str, Any],
+        *,
+        exclude: frozenset[str] = frozenset(),
+        holder: list[AttemptContext] | None = None,
+    ) -> Any:
+        """Send one attempt through the dispatcher and account for its outcome; a failure is
+        raised as :class:`AttemptFailed` (classified once)."""
+        dispatcher = self.dispatcher
+        assert dispatcher is not None, "an engine needs a dispatcher before its first call"
+        actx, timeout_s, bound, started_wall, wait_before = self.begin(call, group, level, exclude, holder)
+        t0 = self.clock.monotonic()
+        try:
+            if self.guards:
+                self._guard_before(call, actx, group, level, messages, kwargs)
+            resp = await dispatcher.send(actx, messages, dict(kwargs), timeout_s=timeout_s, bound=bound)
+        except asyncio.CancelledError:
+            self.cancelled(actx, level, t0, started_wall, wait_before)
+            raise
+        except BaseException as exc:  # classify once, then decide
+            if isinstance(exc, KeyboardInterrupt | SystemExit | GeneratorExit):
+                raise
+            raise self.failed(actx, level, exc, t0, started_wall, wait_before) from None
+        finally:
+            actx.clean_up()
+        return self.answered(actx, level, resp, t0, started_wall, wait_before, messages, kwargs)
+
+    def attempt_sync(
+        self, call: CallState, group: str, level: int, messages: Any, kwargs: Mapping[str, Any]
+    ) -> Any:
+        """The blocking twin of :meth:`attempt`, on the caller's thread (a dispatcher with
+        ``send_sync``); an interrupt or a generator's close counts as a cancellation."""
+        dispatcher: Any = self.dispatcher
+        assert dispatcher is not None, "an engine needs a dispatcher before its first call"
+        actx, timeout_s, bound, started_wall, wait_before = self.begin(call, group, level)
+        t0 = self.clock.monotonic()
+        try:
+            if self.guards:
+                self._guard_before(call, actx, group, level, messages, kwargs)
+            resp = dispatcher.send_sync(actx, messages, dict(kwargs), timeout_s=timeout_s, bound=bound)
+        except Exception as exc:
+            raise self.failed(actx, level, exc, t0, started_wall, wait_before) from None
+        except BaseException:
+            self.cancelled(actx, level, t0, started_wall, wait_before)
+            raise
+        finally:
+            actx.clean_up()
+        return self.answered(actx, level, resp, t0, started_wall, wait_before, messages, kwargs)
 
     def _guard_before(
         self,
@@ -328,16 +439,17 @@ class Engine:
             actx.settle_guards(None, None, failure)
         dep = actx.picked
         adm = actx.admission
+        counts = self.counts_against(failure)
         if adm is not None:
             b = self.breakers[adm.deployment_id]
-            if failure.counts_against_deployment:
+            if counts:
                 b.record_failure(adm)
             else:
                 b.release(adm)
             if failure.retry_after:
                 b.hold(failure.retry_after)
                 self._hold_until = max(self._hold_until, self.clock.wall() + failure.retry_after)
-        if failure.counts_against_deployment:
+        if counts:
             self.budgets[group].on_failure()
         if dep is not None:
             call.failed.add(dep)

@@ -7,8 +7,10 @@ on the instance, so sharing one across concurrent calls corrupts it).
 
 from __future__ import annotations
 
+import asyncio
 import random
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -113,6 +115,10 @@ class GroupRetryState:
     earliest_free: Callable[[], float]
     has_fallback: bool = False
     retry_cap: int | None = None  # a priority tier's limit on retries per class
+    # Exceptions the caller declared retryable beyond the taxonomy (``resilient(retry_on=...)``),
+    # retried up to the class's count when the class retries, else ``retry_on_max`` times.
+    retry_on: Callable[[BaseException], bool] | None = None
+    retry_on_max: int = 2
     retries_by_class: dict[ErrorClass, int] = field(default_factory=dict)
     gave_up_reason: str | None = None
 
@@ -121,18 +127,29 @@ class GroupRetryState:
             return False
         f = exc.failure
         cp = self.policy.classes[f.error_class]
+        if (
+            self.retry_on is not None
+            and f.error_class is not ErrorClass.CIRCUIT_OPEN
+            and self.retry_on(f.exception)
+        ):
+            limit = cp.max_retries if cp.action == "retry" else self.retry_on_max
+            return self._take(f.error_class, limit)
         if cp.action != "retry":
             self.gave_up_reason = f"{f.error_class} is not retried ({cp.action})"
             return False
-        used = self.retries_by_class.get(f.error_class, 0)
         allowed = cp.max_retries if self.retry_cap is None else min(cp.max_retries, self.retry_cap)
+        return self._take(f.error_class, allowed)
+
+    def _take(self, error_class: ErrorClass, allowed: int) -> bool:
+        """Spend one of the class's ``allowed`` retries if any are left and the budget allows."""
+        used = self.retries_by_class.get(error_class, 0)
         if used >= allowed:
-            self.gave_up_reason = f"{f.error_class}: {allowed} retries used"
+            self.gave_up_reason = f"{error_class}: {allowed} retries used"
             return False
         if not self.budget.allows_retry():
             self.gave_up_reason = "retry budget exhausted"
             return False
-        self.retries_by_class[f.error_class] = used + 1
+        self.retries_by_class[error_class] = used + 1
         return True
 
     def wait(self, retry_state: tenacity.RetryCallState) -> float:
@@ -189,3 +206,37 @@ def build_retrying(
         before_sleep=before_sleep,
         reraise=True,
     )
+
+
+def build_sync_retrying(
+    state: GroupRetryState,
+    clock: Clock,
+    before_sleep: Callable[[tenacity.RetryCallState], None] | None = None,
+) -> tenacity.Retrying:
+    """The blocking twin of :func:`build_retrying` (same predicates, sleeps on ``clock``)."""
+    return tenacity.Retrying(
+        retry=tenacity.retry_if_exception(state.should_retry),
+        wait=state.wait,
+        stop=state.stop,
+        sleep=lambda s: sleep_blocking(clock, s),
+        before_sleep=before_sleep,
+        reraise=True,
+    )
+
+
+def sleep_blocking(clock: Clock, seconds: float) -> None:
+    """Sleep ``seconds`` on ``clock`` from sync code (a fake clock advances instantly)."""
+    if type(clock).sleep is Clock.sleep:
+        if seconds > 0:
+            time.sleep(seconds)
+        return
+    coro = clock.sleep(seconds)
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        asyncio.run(coro)
+        return
+    # Called from sync code inside a running loop: sleep on a helper thread's loop.
+    t = threading.Thread(target=asyncio.run, args=(coro,), daemon=True)
+    t.start()
+    t.join()

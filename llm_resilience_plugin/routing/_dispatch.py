@@ -6,7 +6,6 @@ the Router's own retries, fallbacks and cooldowns are off, so each ``send`` is e
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,6 +17,10 @@ from llm_resilience_plugin._engine.engine import Engine, served_deployment
 from llm_resilience_plugin._engine.watchdog import AttemptWatchdog
 from llm_resilience_plugin.routing._hooks import ATTEMPTS, FILTER, META_KEY, PICK, picked_in
 from llm_resilience_plugin.routing._streams import ResilientStream, StaticStream, discard, prefetch_stream
+
+
+def _forget(token: str) -> None:
+    ATTEMPTS.pop(token, None)
 
 
 class RouterDispatcher:
@@ -73,7 +76,7 @@ class RouterDispatcher:
         # hedge must know it while the request is in flight); the rest (every breaker closed, no
         # guard) read it back from the metadata LiteLLM fills in.
         precise = filtered or bool(engine.guards) or attempt.hedged
-        attempt.cleanups.append(functools.partial(ATTEMPTS.pop, token, None))
+        attempt.cleanups.append(lambda: _forget(token))
         if filtered:
             FILTER.acquire()
             attempt.cleanups.append(FILTER.release)
