@@ -21,8 +21,8 @@ the attempt the reservation is settled to the actual cost (the provider's report
 ``response_cost`` when there is one, else usage x the serving deployment's prices), or released
 when the attempt failed.
 
-Prices (:mod:`._prices`), budgets and their windows (:mod:`._budgets`), the estimate
-(:mod:`._estimate`) and alerts (:mod:`._alerts`) live in their own modules; this one holds the
+Prices (``_prices.py``), budgets and their windows (``_budgets.py``), the estimate
+(``_estimate.py``) and alerts (``_alerts.py``) live in their own modules; this one holds the
 reserve/settle orchestration that ties them to a ledger.
 """
 
@@ -136,9 +136,8 @@ def _token_usage(response: Any | None, usage: Mapping[str, int] | None) -> tuple
     if usage:
         return usage.get("prompt_tokens"), usage.get("completion_tokens")
     if response is not None and getattr(response, "usage", None) is not None:
-        return getattr(response.usage, "prompt_tokens", None), getattr(
-            response.usage, "completion_tokens", None
-        )
+        u = response.usage
+        return getattr(u, "prompt_tokens", None), getattr(u, "completion_tokens", None)
     return None, None
 
 
@@ -320,6 +319,7 @@ class CostGuard:
         return self.calendar.now()
 
     def _windows(self, ts: float) -> tuple[str, str]:
+        """The day and month window names holding ``ts``."""
         return self.calendar.windows(ts)
 
     def window_bounds(self, period: str, ts: float | None = None) -> tuple[float, float]:
