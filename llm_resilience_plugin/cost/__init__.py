@@ -18,6 +18,7 @@ from llm_resilience_plugin.cost._ledger import (
     to_nano,
 )
 from llm_resilience_plugin.cost._prices import Price, PriceBook, coerce_price
+from llm_resilience_plugin.cost._redis_ledger import LedgerUnavailableError, RedisLedger
 
 __all__ = [
     "NANO",
@@ -27,9 +28,11 @@ __all__ = [
     "CostGuard",
     "KeyUsage",
     "Ledger",
+    "LedgerUnavailableError",
     "MemoryLedger",
     "Price",
     "PriceBook",
+    "RedisLedger",
     "Reservation",
     "SQLiteLedger",
     "SpendEntry",

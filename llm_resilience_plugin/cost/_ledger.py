@@ -818,7 +818,7 @@ class _immediate:
 def open_ledger(spec: Ledger | str | os.PathLike[str] | None) -> Ledger:
     """A ledger from ``None``/``"memory"`` (in memory), ``"sqlite:///path/to/spend.db"``
     (``sqlite:////abs/path`` for an absolute path), a plain ``*.db``/``*.sqlite`` path,
-    ``"redis://host:6379/0"`` (:class:`~llm_resilience_plugin.redis_state.RedisLedger`), or a
+    ``"redis://host:6379/0"`` (:class:`~llm_resilience_plugin.cost.RedisLedger`), or a
     :class:`Ledger` instance."""
     if spec is None:
         return MemoryLedger()
@@ -836,7 +836,8 @@ def open_ledger(spec: Ledger | str | os.PathLike[str] | None) -> Ledger:
     if spec.startswith("sqlite:///"):
         return SQLiteLedger(spec[len("sqlite:///") :])
     if spec.startswith(("redis://", "rediss://", "unix://")):
-        from llm_resilience_plugin.shared_state._redis import RedisLedger  # needs the redis extra
+        # Imported here: the Redis ledger module builds on this one (and needs the redis extra to run).
+        from llm_resilience_plugin.cost._redis_ledger import RedisLedger
 
         return RedisLedger(spec)
     if spec.endswith((".db", ".sqlite", ".sqlite3")):

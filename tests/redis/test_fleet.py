@@ -26,8 +26,9 @@ pytest.importorskip("redis")
 import redis
 
 from llm_resilience_plugin import BudgetExceededError, ResilientRouter
+from llm_resilience_plugin.cost import LedgerUnavailableError, RedisLedger
 from llm_resilience_plugin.cost._guard import Budget, CostGuard
-from llm_resilience_plugin.shared_state._redis import LedgerUnavailableError, RedisLedger, RedisSharedState
+from llm_resilience_plugin.shared_state import RedisSharedState
 from llm_resilience_plugin.testing import Clock
 from llm_resilience_plugin.testing._simulator import Fault, ProviderSimulator, estimate_prompt_tokens
 from tests.redis.redis_server import RedisServer, redis_server_fixture  # noqa: F401

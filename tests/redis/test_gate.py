@@ -20,11 +20,12 @@ pytest.importorskip("redis")
 
 from llm_resilience_plugin._engine.breakers import Admission, DeploymentBreaker
 from llm_resilience_plugin._engine.retry import RetryBudget
+from llm_resilience_plugin.cost import RedisLedger
 from llm_resilience_plugin.cost._ledger import BudgetKey, Ledger, MemoryLedger, SpendEntry
 from llm_resilience_plugin.errors import BudgetExceededError
 from llm_resilience_plugin.events import BreakerTransition
 from llm_resilience_plugin.policy import BreakerPolicy, RetryBudgetPolicy
-from llm_resilience_plugin.shared_state._redis import RedisLedger, RedisSharedState
+from llm_resilience_plugin.shared_state import RedisSharedState
 from tests.redis.redis_server import RedisServer, redis_server_fixture  # noqa: F401
 from tests.unit.test_breakers import BreakerModel
 
@@ -322,7 +323,7 @@ def _config(url: str | None, **shared: Any) -> dict[str, Any]:
 
 def test_redis_url_in_router_settings_switches_to_shared_state(redis_server: RedisServer):
     from llm_resilience_plugin import ResilientRouter
-    from llm_resilience_plugin.shared_state._redis import RedisBreakerBackend, RedisTokenBucket
+    from llm_resilience_plugin.shared_state import RedisBreakerBackend, RedisTokenBucket
 
     ns = f"cfg-{uuid.uuid4().hex[:6]}"
     router = ResilientRouter.from_config(_config(redis_server.url, namespace=ns, router_name="bot"))

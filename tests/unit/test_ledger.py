@@ -138,7 +138,7 @@ def test_open_ledger_specs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     assert isinstance(led, SQLiteLedger) and led.path == str(tmp_path / "x.db")
     led.close()
     assert isinstance(open_ledger(tmp_path / "y.db"), SQLiteLedger)
-    from llm_resilience_plugin.shared_state import _redis as redis_state
+    from llm_resilience_plugin.cost import _redis_ledger as redis_state
 
     monkeypatch.setattr(redis_state, "RedisLedger", lambda url: ("redis", url))
     assert open_ledger("redis://cache:6379/2") == ("redis", "redis://cache:6379/2")
