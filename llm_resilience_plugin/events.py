@@ -109,11 +109,41 @@ class AttemptRecord:
     breaker_state: str | None = None
     ttft_s: float | None = None
     probe: bool = False
+    served_model: str | None = None  # the model the provider says answered (successes)
+    usage: dict[str, int] | None = None  # the attempt's token usage, when known
+    cost: float | None = None  # what the provider (LiteLLM's price map) says the attempt cost
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["error_class"] = str(self.error_class) if self.error_class else None
         return d
+
+
+@dataclass(frozen=True, slots=True)
+class CallStarted:
+    """A call was accepted (validated, nothing sent yet): what observers need to know of it.
+
+    ``metadata`` is the caller's scalar metadata without secrets; ``messages`` the request's
+    messages (the caller's own objects: log them only when content logging is on).
+    """
+
+    call_id: str
+    requested_group: str
+    stream: bool
+    idempotency_key: str | None
+    metadata: dict[str, Any]
+    tags: list[str]
+    messages: Any = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "call_id": self.call_id,
+            "requested_group": self.requested_group,
+            "stream": self.stream,
+            "idempotency_key": self.idempotency_key,
+            "metadata": self.metadata,
+            "tags": self.tags,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,7 +340,8 @@ def usage_of(obj: Any) -> dict[str, int] | None:
 
 
 Event = (
-    AttemptRecord
+    CallStarted
+    | AttemptRecord
     | RetryScheduled
     | FallbackTaken
     | HedgeSent
@@ -344,6 +375,7 @@ def attach_report(obj: Any, report: CallReport) -> None:
 
 
 _EVENT_NAMES: dict[type, str] = {
+    CallStarted: "call_started",
     AttemptRecord: "attempt",
     RetryScheduled: "retry",
     FallbackTaken: "fallback",

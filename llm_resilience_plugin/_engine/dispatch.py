@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from llm_resilience_plugin._engine.attempt import AttemptContext
+    from llm_resilience_plugin.events import CallReport
 
 
 class Dispatcher(Protocol):
@@ -47,8 +48,9 @@ class Dispatcher(Protocol):
         """A configured static answer delivered as a stream."""
         ...
 
-    def is_stream(self, result: Any) -> bool:
-        """Whether ``result`` is a live stream (its report is filled when it ends)."""
+    def annotate(self, report: CallReport, result: Any, usage: dict[str, int] | None) -> None:
+        """Fill ``report`` from an answer (model, cost, usage) and attach it where ``get_report``
+        finds it; a live stream reports when it ends."""
         ...
 
     async def discard(self, result: Any) -> None:

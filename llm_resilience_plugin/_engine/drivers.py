@@ -38,9 +38,6 @@ from llm_resilience_plugin.events import (
     FallbackTaken,
     HedgeSent,
     RetryScheduled,
-    attach_report,
-    fill_from_response,
-    usage_of,
 )
 
 
@@ -271,9 +268,8 @@ def finish(
             last = next((a for a in reversed(r.attempts) if a.outcome == "success"), None)
             r.deployment_id, usage = (last.deployment_id if last else None), None
         assert engine.dispatcher is not None
-        if result is not None and not engine.dispatcher.is_stream(result):
-            fill_from_response(r, result, usage_of(result) if usage is None else usage)
-            attach_report(result, r)
+        if result is not None:
+            engine.dispatcher.annotate(r, result, usage)
     if not call.stream or failure is not None:
         engine.emit(call, r)
 

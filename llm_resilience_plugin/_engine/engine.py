@@ -102,6 +102,7 @@ class Engine:
         self.policies: dict[str, EffectivePolicy] = {
             g: self.policy.for_group(g) for g in self.group_deployments
         }
+        self.policies.update(policies or {})
         self.dispatcher: Dispatcher | None = None
         self._not_closed: set[str] = set()
         self._hold_until = 0.0
@@ -409,8 +410,11 @@ class Engine:
         ttft: float | None = None,
         response: Any | None = None,
         usage: Mapping[str, int] | None = None,
+        served_model: str | None = None,
+        cost: float | None = None,
     ) -> None:
-        """Count a success: breaker ticket, retry budget, hedging latency, guards, the record."""
+        """Count a success: breaker ticket, retry budget, hedging latency, guards, the record
+        (with the served model, usage and cost, read from ``response`` unless given)."""
         if actx.admission is not None:
             self.breakers[actx.admission.deployment_id].record_success(actx.admission)
         self.budgets[group].on_success()
@@ -419,7 +423,27 @@ class Engine:
             hedge.observe(ttft if ttft is not None else latency)
         if actx.guard_tokens:
             actx.settle_guards(response, usage, None)
-        self.record(call, group, level, actx, None, started_wall, latency, wait_before, "success", ttft)
+        if response is not None:
+            model = getattr(response, "model", None)
+            served_model = served_model or (str(model) if model else None)
+            reported = (hidden_params_of(response) or {}).get("response_cost")
+            if cost is None and isinstance(reported, int | float) and not isinstance(reported, bool):
+                cost = float(reported)
+        self.record(
+            call,
+            group,
+            level,
+            actx,
+            None,
+            started_wall,
+            latency,
+            wait_before,
+            "success",
+            ttft,
+            served_model=served_model,
+            usage=dict(usage) if usage else None,
+            cost=cost,
+        )
 
     def attempt_failed(
         self,
@@ -471,6 +495,10 @@ class Engine:
         wait_before: float,
         outcome: Any,
         ttft: float | None = None,
+        *,
+        served_model: str | None = None,
+        usage: dict[str, int] | None = None,
+        cost: float | None = None,
     ) -> None:
         """One attempt record: built now if someone listens, else when the report is read."""
         dep = actx.picked if actx is not None else None
@@ -490,6 +518,9 @@ class Engine:
             self.breaker_state(dep),
             ttft,
             bool(actx and actx.admission and actx.admission.probe),
+            served_model,
+            usage,
+            cost,
         )
         if call.listener is None and not self.events.active:
             call.report.defer_attempt(values)  # nobody takes it now: built if the report is read

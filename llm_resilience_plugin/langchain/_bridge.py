@@ -39,7 +39,13 @@ from langchain_core.callbacks import (
     CallbackManagerForLLMRun,
 )
 
-from llm_resilience_plugin.events import BreakerTransition, CallReport, Event, event_dict, event_name
+from llm_resilience_plugin.events import (
+    BreakerTransition,
+    CallReport,
+    Event,
+    event_dict,
+    event_name,
+)
 
 logger = logging.getLogger("llm_resilience")
 
@@ -57,7 +63,8 @@ def custom_event_name(event: Event) -> str:
     return EVENT_PREFIX + event_name(event)
 
 
-def _forward_breaker(event: Event) -> None:
+def forward_breaker(event: Event) -> None:
+    """Deliver a breaker transition to the LangChain run whose call caused it (if any)."""
     if isinstance(event, BreakerTransition):
         sink = _SINK.get()
         if sink is not None:
@@ -68,7 +75,7 @@ def bridge_router(router: Any) -> None:
     """Subscribe (once per router) the forwarder of breaker transitions to the current call."""
     if router in _BRIDGED:
         return
-    router.subscribe(_forward_breaker)
+    router.subscribe(forward_breaker)
     _BRIDGED.add(router)
 
 

@@ -22,16 +22,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import copy
-import random
 import threading
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
-import tenacity
 from langchain_core.callbacks import (
     AsyncCallbackManagerForChainRun,
     CallbackManagerForChainRun,
@@ -40,30 +38,17 @@ from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.runnables.config import ensure_config
 from langchain_core.utils.pydantic import TypeBaseModel
 
-from llm_resilience_plugin._engine.breakers import Admission, DeploymentBreaker
+from llm_resilience_plugin._engine.attempt import AttemptContext
+from llm_resilience_plugin._engine.breakers import DeploymentBreaker
 from llm_resilience_plugin._engine.clock import Clock, Deadline
-from llm_resilience_plugin._engine.retry import AttemptFailed, GroupRetryState, RetryBudget, build_retrying
-from llm_resilience_plugin._engine.taxonomy import classify
-from llm_resilience_plugin.errors import (
-    AllRoutesFailedError,
-    CircuitOpenError,
-    DeadlineExceededError,
-    ErrorClass,
-    Failure,
-    StreamInterruptedError,
-)
-from llm_resilience_plugin.events import (
-    AttemptRecord,
-    BreakerTransition,
-    CallReport,
-    Event,
-    EventBus,
-    Listener,
-    RetryScheduled,
-)
-from llm_resilience_plugin.langchain._bridge import _SINK, EventSink, config_deadline
+from llm_resilience_plugin._engine.core import CallOptions, CallState, DeadlineSkip
+from llm_resilience_plugin._engine.drivers import walk_routes, walk_routes_sync
+from llm_resilience_plugin._engine.engine import Engine
+from llm_resilience_plugin._engine.retry import RetryBudget
+from llm_resilience_plugin.errors import CircuitOpenError, ErrorClass, Failure, StreamInterruptedError
+from llm_resilience_plugin.events import CallReport, DeploymentInfo, Listener
+from llm_resilience_plugin.langchain._bridge import EventSink, config_deadline, forward_breaker
 from llm_resilience_plugin.policy import EffectivePolicy, ResiliencePolicy, build_policy
-from llm_resilience_plugin.events import REPORT_KEY
 
 Input = TypeVar("Input")
 Output = TypeVar("Output")
@@ -104,10 +89,6 @@ def _fresh_input(value: Any) -> Any:
     return value
 
 
-class _DeadlineSkip(TimeoutError):
-    """No time was left for another attempt (nothing was sent)."""
-
-
 def _text_of(chunk: Any) -> str:
     if isinstance(chunk, str):
         return chunk
@@ -116,77 +97,150 @@ def _text_of(chunk: Any) -> str:
 
 
 @dataclass(slots=True)
-class _StepRetryState(GroupRetryState):
-    """The router's retry predicates, plus user-declared retryable exceptions."""
+class _Run:
+    """What one call of the wrapper hands its dispatcher: the input and the LangChain run."""
 
-    retry_on: Callable[[BaseException], bool] | None = None
-    retry_on_max: int = _DEFAULT_EXTRA_RETRIES
-
-    def should_retry(self, exc: BaseException) -> bool:
-        if (
-            isinstance(exc, AttemptFailed)
-            and self.retry_on is not None
-            and exc.failure.error_class is not ErrorClass.CIRCUIT_OPEN
-            and self.retry_on(exc.failure.exception)
-        ):
-            f = exc.failure
-            cp = self.policy.classes[f.error_class]
-            limit = cp.max_retries if cp.action == "retry" else self.retry_on_max
-            used = self.retries_by_class.get(f.error_class, 0)
-            if used >= limit:
-                self.gave_up_reason = f"{f.error_class}: {limit} retries used"
-                return False
-            if not self.budget.allows_retry():
-                self.gave_up_reason = "retry budget exhausted"
-                return False
-            self.retries_by_class[f.error_class] = used + 1
-            return True
-        return GroupRetryState.should_retry(self, exc)
-
-
-@dataclass(slots=True)
-class _Call:
-    report: CallReport
-    deadline: Deadline
+    input: Any
+    config: RunnableConfig
+    kwargs: dict[str, Any]
     sink: EventSink
-    attempt_no: int = 0
-    next_wait: float = 0.0
-    failures: list[Failure] = field(default_factory=list)
-    retry_state: GroupRetryState | None = None
 
 
 @dataclass(slots=True)
 class _Open:
-    """One stream attempt that produced its first chunk (or ended empty)."""
+    """A stream attempt that produced its first chunk (or ended empty)."""
 
-    admission: Admission
     first: list[Any]
     rest: Any  # the iterator, or None when the stream ended
-    t0: float
+
+
+@dataclass(slots=True)
+class _Relay:
+    """A stream answered by the engine: the attempt to account for when the caller finishes it."""
+
+    attempt: AttemptContext
+    level: int
+    opened: _Open
     started_wall: float
+    t0: float
     wait_before: float
+    parts: list[str] = field(default_factory=list)
 
 
-def _sleep_blocking(clock: Clock, seconds: float) -> None:
-    """Sleep ``seconds`` on ``clock`` from sync code (a fake clock advances instantly)."""
-    if type(clock).sleep is Clock.sleep:
-        if seconds > 0:
-            time.sleep(seconds)
-        return
-    coro = clock.sleep(seconds)
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        asyncio.run(coro)
-        return
-    # Called from sync code inside a running loop: sleep on a helper thread's loop.
-    t = threading.Thread(target=asyncio.run, args=(coro,), daemon=True)
-    t.start()
-    t.join()
+class _RunnableDispatcher:
+    """The engine's dispatcher for a wrapped Runnable: one ``invoke``/``stream`` per attempt,
+    admitted by the step's own breaker, bounded by the attempt's timeout."""
+
+    def __init__(self, owner: ResilientRunnable[Any, Any]) -> None:
+        self.owner = owner
+
+    def _admit(self, attempt: AttemptContext) -> _Run:
+        run: _Run = attempt.call.context
+        owner = self.owner
+        with run.sink.scope():
+            adm = owner.breaker.admit()
+        if adm is None:
+            raise CircuitOpenError(owner.step, [owner.step])
+        attempt.admission = adm
+        attempt.picked = owner.step
+        attempt.sent = True
+        return run
+
+    async def send(
+        self,
+        attempt: AttemptContext,
+        messages: Any,
+        kwargs: dict[str, Any],
+        *,
+        timeout_s: float,
+        bound: float,
+    ) -> Any:
+        run = self._admit(attempt)
+        owner = self.owner
+        it: Any = None
+        try:
+            with run.sink.scope():
+                async with asyncio.timeout(min(timeout_s, bound)):
+                    if not attempt.call.stream:
+                        return await owner.bound.ainvoke(_fresh_input(run.input), run.config, **run.kwargs)
+                    it = owner.bound.astream(_fresh_input(run.input), run.config, **run.kwargs).__aiter__()
+                    try:
+                        return _Open([await it.__anext__()], it)
+                    except StopAsyncIteration:
+                        return _Open([], None)
+        except Exception:
+            if it is not None and hasattr(it, "aclose"):
+                with contextlib.suppress(Exception):
+                    await it.aclose()
+            raise
+
+    def send_sync(
+        self,
+        attempt: AttemptContext,
+        messages: Any,
+        kwargs: dict[str, Any],
+        *,
+        timeout_s: float,
+        bound: float,
+    ) -> Any:
+        run = self._admit(attempt)
+        owner = self.owner
+        limit = min(timeout_s, bound)
+        it: Iterator[Any] | None = None
+        try:
+            with run.sink.scope():
+                if not attempt.call.stream:
+                    return owner.run_sync_attempt(
+                        lambda: owner.bound.invoke(_fresh_input(run.input), run.config, **run.kwargs), limit
+                    )
+                stream_it = iter(owner.bound.stream(_fresh_input(run.input), run.config, **run.kwargs))
+                it = stream_it
+                try:
+                    return _Open(owner.run_sync_attempt(lambda: [next(stream_it)], limit), stream_it)
+                except StopIteration:
+                    return _Open([], None)
+        except Exception:
+            if it is not None:
+                with contextlib.suppress(Exception):
+                    it.close()  # type: ignore[attr-defined]
+            raise
+
+    def wrap_stream(
+        self,
+        attempt: AttemptContext,
+        level: int,
+        prefetched: Any,
+        started_wall: float,
+        latency: float,
+        wait_before: float,
+        messages: Any,
+        kwargs: dict[str, Any],
+    ) -> _Relay:
+        t0 = self.owner.engine.clock.monotonic() - latency
+        return _Relay(attempt, level, prefetched, started_wall, t0, wait_before)
+
+    def static_stream(self, response: Any, attempt_call: Any) -> Any:  # pragma: no cover - degrades=False
+        raise AssertionError("a wrapped Runnable has no static answers")
+
+    def annotate(self, report: CallReport, result: Any, usage: dict[str, int] | None) -> None:
+        """A Runnable's output is the caller's own object: nothing is attached to it."""
+
+    async def discard(self, result: Any) -> None:
+        if (
+            isinstance(result, _Relay)
+            and result.opened.rest is not None
+            and hasattr(result.opened.rest, "aclose")
+        ):
+            with contextlib.suppress(Exception):
+                await result.opened.rest.aclose()
 
 
 class ResilientRunnable(Runnable[Input, Output]):
-    """A Runnable wrapped with retries, a circuit breaker and a deadline; see :func:`resilient`."""
+    """A Runnable wrapped with retries, a circuit breaker and a deadline; see :func:`resilient`.
+
+    It runs on the same engine as the router: the wrapped Runnable is the engine's one
+    "deployment" (its breaker is the step's), sent through a Runnable dispatcher.
+    """
 
     def __init__(
         self,
@@ -219,7 +273,8 @@ class ResilientRunnable(Runnable[Input, Output]):
         self.bound = bound
         self.step = name or bound.get_name()
         self.name = f"Resilient[{self.step}]"
-        eff: EffectivePolicy = build_policy(policy).for_group(self.step)
+        resilience = build_policy(policy)
+        eff: EffectivePolicy = resilience.for_group(self.step)
         if max_retries is not None:
             eff = eff.model_copy(
                 update={
@@ -236,18 +291,39 @@ class ResilientRunnable(Runnable[Input, Output]):
         self.attempt_timeout = attempt_timeout or eff.attempt_timeout
         self.first_chunk_timeout = first_chunk_timeout or attempt_timeout or eff.first_chunk_timeout
         self.retry_on = _predicate(retry_on)
-        self.retry_on_max = max_retries if max_retries is not None else _DEFAULT_EXTRA_RETRIES
         self.emit_events = emit_events
         self.enforce_sync_timeout = enforce_sync_timeout
-        self._clock = clock or Clock()
-        self._rng = random.Random(seed)
-        self.events = EventBus()
+        self.engine = Engine(
+            None,
+            {self.step: DeploymentInfo(self.step, self.step, self.step, None)},
+            clock=clock or Clock(),
+            seed=seed,
+            guards=[],
+            policy=resilience,
+            policies={self.step: eff},
+            retry_on=self.retry_on,
+            retry_on_max=max_retries if max_retries is not None else _DEFAULT_EXTRA_RETRIES,
+            degrades=False,
+            as_itself=self._as_itself,
+        )
+        self.engine.dispatcher = _RunnableDispatcher(self)
+        self.events = self.engine.events
+        self.events.subscribe(forward_breaker)  # transitions reach the LangChain run that caused them
         if listener is not None:
             self.events.subscribe(listener)
-        self.breaker = DeploymentBreaker(
-            self.step, self.step, eff.breaker, clock=self._clock.wall, on_transition=self._on_transition
+        self._options = CallOptions(
+            attempt_timeout=self.attempt_timeout, first_chunk_timeout=self.first_chunk_timeout
         )
-        self.budget = RetryBudget(eff.retry_budget)
+
+    @property
+    def breaker(self) -> DeploymentBreaker:
+        """The step's circuit breaker."""
+        return self.engine.breakers[self.step]
+
+    @property
+    def budget(self) -> RetryBudget:
+        """The step's retry budget."""
+        return self.engine.budgets[self.step]
 
     # -- Runnable plumbing -------------------------------------------------------------------------
 
@@ -276,65 +352,7 @@ class ResilientRunnable(Runnable[Input, Output]):
     def __repr__(self) -> str:
         return f"ResilientRunnable(bound={self.bound!r}, step={self.step!r})"
 
-    # -- events ----------------------------------------------------------------------------------
-
-    def _on_transition(self, t: BreakerTransition) -> None:
-        self.events.emit(t)
-        sink = _SINK.get()
-        if sink is not None:
-            sink.on_event(t)
-
-    def _emit(self, call: _Call, event: Event) -> None:
-        self.events.emit(event)
-        call.sink.on_event(event)
-
-    def _new_call(self, run_manager: Any, stream: bool, config: RunnableConfig | None = None) -> _Call:
-        report = CallReport(
-            call_id=uuid.uuid4().hex[:16],
-            requested_group=self.step,
-            stream=stream,
-            started_at=self._clock.wall(),
-        )
-        return _Call(
-            report=report,
-            deadline=Deadline.after(
-                self._clock, min(self.deadline, config_deadline(config) or self.deadline)
-            ),
-            sink=EventSink(run_manager, enabled=self.emit_events),
-        )
-
-    def _record(
-        self,
-        call: _Call,
-        failure: Failure | None,
-        outcome: Any,
-        started_wall: float,
-        latency: float,
-        wait_before: float,
-        probe: bool = False,
-        ttft: float | None = None,
-    ) -> None:
-        rec = AttemptRecord(
-            call_id=call.report.call_id,
-            attempt=call.attempt_no,
-            model_group=self.step,
-            deployment_id=self.step,
-            fallback_level=0,
-            outcome=outcome,
-            error_class=failure.error_class if failure else None,
-            status=failure.status if failure else None,
-            error_message=failure.message if failure else None,
-            started_at=started_wall,
-            latency_s=latency,
-            wait_before_s=wait_before,
-            breaker_state=self.breaker.state,
-            ttft_s=ttft,
-            probe=probe,
-        )
-        call.report.attempts.append(rec)
-        self._emit(call, rec)
-
-    # -- one attempt's bookkeeping -----------------------------------------------------------------
+    # -- one call ----------------------------------------------------------------------------------
 
     def _retryable(self, failure: Failure) -> bool:
         if failure.error_class is ErrorClass.CIRCUIT_OPEN:
@@ -343,188 +361,40 @@ class ResilientRunnable(Runnable[Input, Output]):
             return True
         return self.retry_on is not None and bool(self.retry_on(failure.exception))
 
-    def _begin(self, call: _Call, stream: bool) -> tuple[Admission, float, float, float]:
-        """Admit an attempt: (admission, timeout, started_wall, wait_before) or AttemptFailed."""
-        call.attempt_no += 1
-        wait_before, call.next_wait = call.next_wait, 0.0
-        remaining = call.deadline.remaining()
-        started_wall = self._clock.wall()
-        if remaining <= self.policy.min_attempt_time:
-            failure = Failure(
-                ErrorClass.TIMEOUT, None, "call deadline exhausted before the attempt", None,
-                _DeadlineSkip("call deadline exhausted"),
-            )  # fmt: skip
-            call.failures.append(failure)
-            self._record(call, failure, "skipped", started_wall, 0.0, wait_before)
-            raise AttemptFailed(failure, None)
-        with call.sink.scope():
-            adm = self.breaker.admit()
-        if adm is None:
-            exc = CircuitOpenError(self.step, [self.step])
-            failure = Failure(ErrorClass.CIRCUIT_OPEN, None, str(exc), None, exc)
-            call.failures.append(failure)
-            self._record(call, failure, "skipped", started_wall, 0.0, wait_before)
-            raise AttemptFailed(failure, None)
-        limit = self.first_chunk_timeout if stream else self.attempt_timeout
-        return adm, min(limit, remaining), started_wall, wait_before
+    def _as_itself(self, call: CallState, failure: Failure) -> bool:
+        """The step's rule for the final error: the failure that ended the call is raised as
+        itself when it was not worth retrying (a caller's error), or when the breaker refused
+        every attempt before any was made; otherwise one error lists every attempt."""
+        if isinstance(failure.exception, DeadlineSkip) or failure is not call.failures[-1]:
+            return False
+        if failure.error_class is ErrorClass.CIRCUIT_OPEN:
+            return call.report.upstream_requests == 0
+        return not self._retryable(failure)
 
-    def _fail(
-        self,
-        call: _Call,
-        adm: Admission,
-        exc: BaseException,
-        started_wall: float,
-        latency: float,
-        wait_before: float,
-    ) -> AttemptFailed:
-        failure = classify(exc)
-        call.failures.append(failure)
-        counts = failure.counts_against_deployment or self._retryable(failure)
-        with call.sink.scope():
-            if counts:
-                self.breaker.record_failure(adm)
-            else:
-                self.breaker.release(adm)
-        if counts:
-            self.budget.on_failure()
-        if failure.retry_after:
-            self.breaker.hold(failure.retry_after)
-        self._record(call, failure, "failure", started_wall, latency, wait_before, adm.probe)
-        return AttemptFailed(failure, self.step)
-
-    def _succeed(
-        self,
-        call: _Call,
-        adm: Admission,
-        started_wall: float,
-        latency: float,
-        wait_before: float,
-        ttft: float | None = None,
-    ) -> None:
-        with call.sink.scope():
-            self.breaker.record_success(adm)
-        self.budget.on_success()
-        self._record(call, None, "success", started_wall, latency, wait_before, adm.probe, ttft)
-
-    def _cancelled(
-        self, call: _Call, adm: Admission, started_wall: float, latency: float, wait_before: float
-    ) -> None:
-        self.breaker.release(adm)
-        cancelled = Failure(ErrorClass.UNKNOWN, None, "cancelled", None, asyncio.CancelledError())
-        self._record(call, cancelled, "cancelled", started_wall, latency, wait_before, adm.probe)
-
-    def _finish(self, call: _Call, ok: bool) -> None:
-        r = call.report
-        r.total_latency_s = self._clock.wall() - r.started_at
-        if ok:
-            r.outcome = "success"
-            r.served_group = self.step
-            r.deployment_id = self.step
-        else:
-            last = call.failures[-1] if call.failures else None
-            r.outcome = "failure"
-            r.error_class = last.error_class if last else None
-        self._emit(call, r)
-
-    def _final_error(self, call: _Call) -> BaseException:
-        report = call.report
-        last = call.failures[-1] if call.failures else None
-        if (
-            last is not None
-            and last.error_class is not ErrorClass.CIRCUIT_OPEN
-            and not isinstance(last.exception, _DeadlineSkip)
-            and not self._retryable(last)
-        ):
-            err: BaseException = last.exception  # the caller's error, as itself
-            with contextlib.suppress(AttributeError, TypeError):
-                setattr(err, REPORT_KEY, report)
-            return err
-        sent = report.upstream_requests
-        if sent == 0 and last is not None and last.error_class is ErrorClass.CIRCUIT_OPEN:
-            err = last.exception
-            with contextlib.suppress(AttributeError, TypeError):
-                setattr(err, REPORT_KEY, report)
-            return err
-        root = next(
-            (
-                f
-                for f in call.failures
-                if f.error_class is not ErrorClass.CIRCUIT_OPEN and not isinstance(f.exception, _DeadlineSkip)
-            ),
-            None,
+    def _new_call(
+        self, input: Any, run_manager: Any, stream: bool, config: RunnableConfig, kwargs: dict[str, Any]
+    ) -> CallState:
+        clock = self.engine.clock
+        sink = EventSink(run_manager, enabled=self.emit_events)
+        report = CallReport(
+            call_id=uuid.uuid4().hex[:16], requested_group=self.step, stream=stream, started_at=clock.wall()
         )
-        out: AllRoutesFailedError
-        reason = (call.retry_state.gave_up_reason if call.retry_state else None) or ""
-        out_of_time = call.deadline.remaining() <= self.policy.min_attempt_time or reason.startswith(
-            "no time left"
-        )
-        if out_of_time and call.failures:
-            out = DeadlineExceededError(
-                f"deadline exceeded after {sent} attempt(s) of {self.step!r}", report.attempts, report
-            )
-        else:
-            out = AllRoutesFailedError(
-                f"{self.step!r} failed after {sent} attempt(s)", report.attempts, report
-            )
-        if root is not None:
-            out.__cause__ = root.exception
-        return out
-
-    def _state(self, call: _Call) -> _StepRetryState:
-        call.retry_state = _StepRetryState(
-            policy=self.policy,
-            budget=self.budget,
-            deadline=call.deadline,
-            rng=self._rng,
-            earliest_free=self.breaker.held_for,
-            retry_on=self.retry_on,
-            retry_on_max=self.retry_on_max,
-        )
-        return call.retry_state
-
-    def _retry_event(self, call: _Call, rs: tenacity.RetryCallState) -> None:
-        exc = rs.outcome.exception() if rs.outcome else None
-        sleep_s = rs.upcoming_sleep or 0.0
-        call.next_wait = sleep_s
-        if isinstance(exc, AttemptFailed):
-            self._emit(
-                call,
-                RetryScheduled(
-                    call.report.call_id, self.step, rs.attempt_number, sleep_s,
-                    exc.failure.error_class, self.step,
-                ),
-            )  # fmt: skip
-
-    def _sync_retrying(self, call: _Call) -> tenacity.Retrying:
-        state = self._state(call)
-
-        def before_sleep(rs: tenacity.RetryCallState) -> None:
-            self._retry_event(call, rs)
-            call.sink.before_retry_sync(rs)
-
-        return tenacity.Retrying(
-            retry=tenacity.retry_if_exception(state.should_retry),
-            wait=state.wait,
-            stop=state.stop,
-            sleep=lambda s: _sleep_blocking(self._clock, s),
-            before_sleep=before_sleep,
-            reraise=True,
+        return CallState(
+            call_id=report.call_id,
+            report=report,
+            deadline=Deadline.after(clock, min(self.deadline, config_deadline(config) or self.deadline)),
+            stream=stream,
+            listener=sink.on_event,
+            before_retry=sink.before_retry_async,
+            opts=self._options,
+            context=_Run(input, config, kwargs, sink),
         )
 
-    def _async_retrying(self, call: _Call) -> tenacity.AsyncRetrying:
-        async def before_sleep(rs: tenacity.RetryCallState) -> None:
-            self._retry_event(call, rs)
-            await call.sink.before_retry_async(rs)
-
-        return build_retrying(self._state(call), self._clock, before_sleep)
-
-    # -- invoke ----------------------------------------------------------------------------------
-
-    def _run_sync_attempt(self, fn: Callable[[], Any], timeout: float) -> Any:
+    def run_sync_attempt(self, fn: Callable[[], Any], timeout: float) -> Any:
+        """Run one sync attempt inline, or on a helper thread abandoned past ``timeout`` when
+        ``enforce_sync_timeout`` is set."""
         if not self.enforce_sync_timeout:
             return fn()
-        import contextvars
-
         ctx = contextvars.copy_context()
         box: dict[str, Any] = {}
 
@@ -543,46 +413,25 @@ class ResilientRunnable(Runnable[Input, Output]):
             raise box["error"]
         return box["value"]
 
-    def _invoke(
-        self,
-        input: Input,
-        run_manager: CallbackManagerForChainRun,
-        config: RunnableConfig,
-        **kwargs: Any,
-    ) -> Output:
-        call = self._new_call(run_manager, stream=False, config=config)
+    def _walk_sync(self, call: CallState) -> Any:
+        run: _Run = call.context
+        with run.sink.scope():
+            return walk_routes_sync(self.engine, call, self.step, None, {}, run.sink.before_retry_sync)
 
-        def attempt() -> Output:
-            adm, timeout, started_wall, wait_before = self._begin(call, stream=False)
-            t0 = self._clock.monotonic()
-            try:
-                with call.sink.scope():
-                    out = self._run_sync_attempt(
-                        lambda: self.bound.invoke(_fresh_input(input), config, **kwargs), timeout
-                    )
-            except Exception as exc:
-                raise self._fail(
-                    call, adm, exc, started_wall, self._clock.monotonic() - t0, wait_before
-                ) from None
-            except BaseException:
-                self._cancelled(call, adm, started_wall, self._clock.monotonic() - t0, wait_before)
-                raise
-            self._succeed(call, adm, started_wall, self._clock.monotonic() - t0, wait_before)
-            return out
-
-        failed = False
+    async def _walk(self, call: CallState) -> Any:
+        run: _Run = call.context
         try:
-            for a in self._sync_retrying(call):
-                with a:
-                    result = attempt()
-                    self._finish(call, ok=True)
-                    return result
-        except AttemptFailed:
-            failed = True
-        if failed:
-            self._finish(call, ok=False)
-            raise self._final_error(call)
-        raise AssertionError("unreachable")  # pragma: no cover
+            with run.sink.scope():
+                return await walk_routes(self.engine, call, self.step, None, {})
+        finally:
+            await run.sink.aflush()
+
+    # -- invoke ----------------------------------------------------------------------------------
+
+    def _invoke(
+        self, input: Input, run_manager: CallbackManagerForChainRun, config: RunnableConfig, **kwargs: Any
+    ) -> Output:
+        return cast(Output, self._walk_sync(self._new_call(input, run_manager, False, config, kwargs)))
 
     async def _ainvoke(
         self,
@@ -591,41 +440,7 @@ class ResilientRunnable(Runnable[Input, Output]):
         config: RunnableConfig,
         **kwargs: Any,
     ) -> Output:
-        call = self._new_call(run_manager, stream=False, config=config)
-
-        async def attempt() -> Output:
-            adm, timeout, started_wall, wait_before = self._begin(call, stream=False)
-            t0 = self._clock.monotonic()
-            try:
-                with call.sink.scope():
-                    async with asyncio.timeout(timeout):
-                        out = await self.bound.ainvoke(_fresh_input(input), config, **kwargs)
-            except asyncio.CancelledError:
-                self._cancelled(call, adm, started_wall, self._clock.monotonic() - t0, wait_before)
-                raise
-            except Exception as exc:
-                raise self._fail(
-                    call, adm, exc, started_wall, self._clock.monotonic() - t0, wait_before
-                ) from None
-            self._succeed(call, adm, started_wall, self._clock.monotonic() - t0, wait_before)
-            return out
-
-        failed = False
-        try:
-            async for a in self._async_retrying(call):
-                with a:
-                    result = await attempt()
-                    self._finish(call, ok=True)
-                    await call.sink.aflush()
-                    return result
-        except AttemptFailed:
-            failed = True
-        finally:
-            await call.sink.aflush()
-        if failed:
-            self._finish(call, ok=False)
-            raise self._final_error(call)
-        raise AssertionError("unreachable")  # pragma: no cover
+        return cast(Output, await self._walk(self._new_call(input, run_manager, False, config, kwargs)))
 
     def invoke(self, input: Input, config: RunnableConfig | None = None, **kwargs: Any) -> Output:
         return self._call_with_config(self._invoke, input, ensure_config(config), **kwargs)
@@ -635,6 +450,46 @@ class ResilientRunnable(Runnable[Input, Output]):
 
     # -- stream ----------------------------------------------------------------------------------
 
+    def _ended(
+        self, call: CallState, relay: _Relay, failure_exc: BaseException | None, ttft: float | None
+    ) -> Failure | None:
+        """Account for a relayed stream's end: success, or a failure after its first chunk."""
+        engine = self.engine
+        latency = engine.clock.monotonic() - relay.t0
+        r = call.report
+        if failure_exc is None:
+            engine.attempt_succeeded(
+                call,
+                self.step,
+                relay.level,
+                relay.attempt,
+                relay.started_wall,
+                latency,
+                relay.wait_before,
+                ttft,
+            )
+            r.outcome, r.served_group, r.deployment_id = "success", self.step, self.step
+        else:
+            failed = engine.failed(
+                relay.attempt, relay.level, failure_exc, relay.t0, relay.started_wall, relay.wait_before
+            )
+            r.outcome, r.error_class = "failure", failed.failure.error_class
+        r.total_latency_s = engine.clock.wall() - r.started_at
+        engine.emit(call, r)
+        return None if failure_exc is None else failed.failure
+
+    def _interrupted(
+        self, call: CallState, relay: _Relay, exc: BaseException, failure: Failure | None
+    ) -> StreamInterruptedError:
+        partial = "".join(relay.parts)
+        message = failure.message if failure is not None else str(exc)
+        return StreamInterruptedError(
+            f"{self.step}: stream failed after its first chunk ({len(partial)} chars): {message}",
+            partial,
+            exc,
+            call.report,
+        )
+
     def _transform(
         self,
         inputs: Iterator[Input],
@@ -642,88 +497,39 @@ class ResilientRunnable(Runnable[Input, Output]):
         config: RunnableConfig,
         **kwargs: Any,
     ) -> Iterator[Output]:
-        input = self._single(list(inputs))
-        call = self._new_call(run_manager, stream=True, config=config)
-
-        def attempt() -> _Open:
-            adm, timeout, started_wall, wait_before = self._begin(call, stream=True)
-            t0 = self._clock.monotonic()
-            it: Iterator[Any] | None = None
-            try:
-                with call.sink.scope():
-                    it = iter(self.bound.stream(_fresh_input(input), config, **kwargs))
-
-                    def first() -> list[Any]:
-                        return [next(it)]  # type: ignore[arg-type]
-
-                    try:
-                        got = self._run_sync_attempt(first, timeout)
-                    except StopIteration:
-                        return _Open(adm, [], None, t0, started_wall, wait_before)
-            except Exception as exc:
-                if it is not None:
-                    with contextlib.suppress(Exception):
-                        it.close()  # type: ignore[attr-defined]
-                raise self._fail(
-                    call, adm, exc, started_wall, self._clock.monotonic() - t0, wait_before
-                ) from None
-            except BaseException:
-                self._cancelled(call, adm, started_wall, self._clock.monotonic() - t0, wait_before)
-                raise
-            return _Open(adm, got, it, t0, started_wall, wait_before)
-
-        opened: _Open | None = None
-        failed = False
-        try:
-            for a in self._sync_retrying(call):
-                with a:
-                    opened = attempt()
-        except AttemptFailed:
-            failed = True
-        if failed or opened is None:
-            self._finish(call, ok=False)
-            raise self._final_error(call)
-        yield from self._relay_sync(call, opened)
-
-    def _relay_sync(self, call: _Call, o: _Open) -> Iterator[Any]:
-        ttft = self._clock.monotonic() - o.t0
-        parts: list[str] = []
+        call = self._new_call(self._single(list(inputs)), run_manager, True, config, kwargs)
+        relay: _Relay = self._walk_sync(call)
+        sink = call.context.sink
+        rest = relay.opened.rest
+        ttft = self.engine.clock.monotonic() - relay.t0
         done = False
         try:
-            for chunk in o.first:
-                parts.append(_text_of(chunk))
+            for chunk in relay.opened.first:
+                relay.parts.append(_text_of(chunk))
                 yield chunk
-            if o.rest is not None:
+            if rest is not None:
                 while True:
-                    with call.sink.scope():
+                    with sink.scope():
                         try:
-                            chunk = next(o.rest)
+                            chunk = next(rest)
                         except StopIteration:
                             break
-                    parts.append(_text_of(chunk))
+                    relay.parts.append(_text_of(chunk))
                     yield chunk
             done = True
         except GeneratorExit:
-            self._cancelled(call, o.admission, o.started_wall, self._clock.monotonic() - o.t0,
-                            o.wait_before)  # fmt: skip
+            self.engine.cancelled(relay.attempt, relay.level, relay.t0, relay.started_wall, relay.wait_before)
             raise
         except Exception as exc:
-            af = self._fail(call, o.admission, exc, o.started_wall,
-                            self._clock.monotonic() - o.t0, o.wait_before)  # fmt: skip
-            self._finish(call, ok=False)
-            partial = "".join(parts)
-            raise StreamInterruptedError(
-                f"{self.step}: stream failed after its first chunk ({len(partial)} chars): "
-                f"{af.failure.message}",
-                partial, exc, call.report,
-            ) from exc  # fmt: skip
+            with sink.scope():
+                failure = self._ended(call, relay, exc, None)
+            raise self._interrupted(call, relay, exc, failure) from exc
         finally:
-            if not done and o.rest is not None:
+            if not done and rest is not None:
                 with contextlib.suppress(Exception):
-                    o.rest.close()
-        self._succeed(call, o.admission, o.started_wall, self._clock.monotonic() - o.t0,
-                      o.wait_before, ttft)  # fmt: skip
-        self._finish(call, ok=True)
+                    rest.close()
+        with sink.scope():
+            self._ended(call, relay, None, ttft)
 
     async def _atransform(
         self,
@@ -732,90 +538,43 @@ class ResilientRunnable(Runnable[Input, Output]):
         config: RunnableConfig,
         **kwargs: Any,
     ) -> AsyncIterator[Output]:
-        input = self._single([x async for x in inputs])
-        call = self._new_call(run_manager, stream=True, config=config)
-
-        async def attempt() -> _Open:
-            adm, timeout, started_wall, wait_before = self._begin(call, stream=True)
-            t0 = self._clock.monotonic()
-            it: Any = None
-            try:
-                with call.sink.scope():
-                    it = self.bound.astream(_fresh_input(input), config, **kwargs).__aiter__()
-                    async with asyncio.timeout(timeout):
-                        try:
-                            first = await it.__anext__()
-                        except StopAsyncIteration:
-                            return _Open(adm, [], None, t0, started_wall, wait_before)
-            except asyncio.CancelledError:
-                self._cancelled(call, adm, started_wall, self._clock.monotonic() - t0, wait_before)
-                raise
-            except Exception as exc:
-                if it is not None and hasattr(it, "aclose"):
-                    with contextlib.suppress(Exception):
-                        await it.aclose()
-                raise self._fail(
-                    call, adm, exc, started_wall, self._clock.monotonic() - t0, wait_before
-                ) from None
-            return _Open(adm, [first], it, t0, started_wall, wait_before)
-
-        opened: _Open | None = None
-        failed = False
-        try:
-            async for a in self._async_retrying(call):
-                with a:
-                    opened = await attempt()
-        except AttemptFailed:
-            failed = True
-        finally:
-            await call.sink.aflush()
-        if failed or opened is None:
-            self._finish(call, ok=False)
-            await call.sink.aflush()
-            raise self._final_error(call)
-        o = opened
-        ttft = self._clock.monotonic() - o.t0
-        parts: list[str] = []
+        call = self._new_call(self._single([x async for x in inputs]), run_manager, True, config, kwargs)
+        relay: _Relay = await self._walk(call)
+        sink = call.context.sink
+        rest = relay.opened.rest
+        ttft = self.engine.clock.monotonic() - relay.t0
         done = False
         try:
-            for chunk in o.first:
-                parts.append(_text_of(chunk))
+            for chunk in relay.opened.first:
+                relay.parts.append(_text_of(chunk))
                 yield chunk
-            if o.rest is not None:
+            if rest is not None:
                 while True:
                     remaining = call.deadline.remaining()
-                    with call.sink.scope():
+                    with sink.scope():
                         try:
                             async with asyncio.timeout(max(0.001, min(self.attempt_timeout, remaining))):
-                                chunk = await o.rest.__anext__()
+                                chunk = await rest.__anext__()
                         except StopAsyncIteration:
                             break
-                    parts.append(_text_of(chunk))
+                    relay.parts.append(_text_of(chunk))
                     yield chunk
             done = True
         except (GeneratorExit, asyncio.CancelledError):
-            self._cancelled(call, o.admission, o.started_wall, self._clock.monotonic() - o.t0,
-                            o.wait_before)  # fmt: skip
+            self.engine.cancelled(relay.attempt, relay.level, relay.t0, relay.started_wall, relay.wait_before)
             raise
         except Exception as exc:
-            af = self._fail(call, o.admission, exc, o.started_wall,
-                            self._clock.monotonic() - o.t0, o.wait_before)  # fmt: skip
-            self._finish(call, ok=False)
-            await call.sink.aflush()
-            partial = "".join(parts)
-            raise StreamInterruptedError(
-                f"{self.step}: stream failed after its first chunk ({len(partial)} chars): "
-                f"{af.failure.message}",
-                partial, exc, call.report,
-            ) from exc  # fmt: skip
+            with sink.scope():
+                failure = self._ended(call, relay, exc, None)
+            await sink.aflush()
+            raise self._interrupted(call, relay, exc, failure) from exc
         finally:
-            if not done and o.rest is not None and hasattr(o.rest, "aclose"):
+            if not done and rest is not None and hasattr(rest, "aclose"):
                 with contextlib.suppress(Exception):
-                    await o.rest.aclose()
-        self._succeed(call, o.admission, o.started_wall, self._clock.monotonic() - o.t0,
-                      o.wait_before, ttft)  # fmt: skip
-        self._finish(call, ok=True)
-        await call.sink.aflush()
+                    await rest.aclose()
+        with sink.scope():
+            self._ended(call, relay, None, ttft)
+        await sink.aflush()
 
     @staticmethod
     def _single(items: list[Any]) -> Any:

@@ -25,113 +25,29 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from llm_resilience_plugin._redaction import is_secret_key, redact, register_secret, safe_metadata
 from llm_resilience_plugin.events import (
     AttemptRecord,
     BreakerTransition,
     CallReport,
+    CallStarted,
+    Event,
     FallbackTaken,
     RetryScheduled,
-    hidden_params_of,
-    usage_of,
 )
 
 if TYPE_CHECKING:
     from llm_resilience_plugin.cost._guard import CostGuard, PriceBook
-    from llm_resilience_plugin.errors import Failure
-    from llm_resilience_plugin.events import AttemptInfo, DeploymentInfo
+    from llm_resilience_plugin.events import DeploymentInfo
     from llm_resilience_plugin.routing._router import ResilientRouter
-
-REDACTED = "[REDACTED]"
-
-_SECRET_KEY_RE = re.compile(
-    r"(api[_-]?key|apikey|secret|password|passwd|authorization|auth[_-]?token|access[_-]?token|"
-    r"refresh[_-]?token|bearer|credential|private[_-]?key|x-api-key|aws_secret|session[_-]?token)",
-    re.IGNORECASE,
-)
-_NOT_SECRET_KEYS = frozenset({"idempotency_key", "request_key", "key_id", "budget_key"})
-_KEY_LIKE_RE = re.compile(
-    r"\b(sk|pk|rk)-[A-Za-z0-9_\-]{6,}|\bBearer\s+[A-Za-z0-9._\-]{8,}|\bAKIA[0-9A-Z]{12,}"
-)
-
-_secrets: set[str] = set()
-_secrets_lock = threading.Lock()
-_secret_re: re.Pattern[str] | None = None
-
-
-def register_secret(value: str | None) -> None:
-    """Scrub ``value`` from every string this module redacts (API keys of attached routers)."""
-    global _secret_re
-    if not isinstance(value, str) or len(value) < 4:
-        return
-    with _secrets_lock:
-        if value in _secrets:
-            return
-        _secrets.add(value)
-        _secret_re = re.compile("|".join(re.escape(s) for s in sorted(_secrets, key=len, reverse=True)))
-
-
-def _scrub(text: str) -> str:
-    pat = _secret_re
-    if pat is not None:
-        text = pat.sub(REDACTED, text)
-    return _KEY_LIKE_RE.sub(_mask, text)
-
-
-def _mask(m: re.Match[str]) -> str:
-    token = m.group(0)
-    return "Bearer ***" if token.startswith("Bearer") else token[:3] + "***"
-
-
-def _is_secret_key(key: str) -> bool:
-    return key not in _NOT_SECRET_KEYS and bool(_SECRET_KEY_RE.search(key))
-
-
-def redact(value: Any, _depth: int = 0) -> Any:
-    """A JSON-safe copy of ``value`` with secrets removed (see the module docstring)."""
-    if _depth > 12:
-        return "..."
-    if isinstance(value, str):
-        return _scrub(value)
-    if value is None or isinstance(value, bool | int | float):
-        return value
-    if isinstance(value, Mapping):
-        out: dict[str, Any] = {}
-        for k, v in value.items():
-            ks = str(k)
-            out[ks] = REDACTED if _is_secret_key(ks) and v not in (None, "") else redact(v, _depth + 1)
-        return out
-    if isinstance(value, list | tuple | set | frozenset):
-        return [redact(v, _depth + 1) for v in value]
-    if isinstance(value, datetime):
-        return value.isoformat()
-    to_dict = getattr(value, "to_dict", None)
-    if callable(to_dict):
-        try:
-            return redact(to_dict(), _depth + 1)
-        except Exception:
-            pass
-    return _scrub(str(value))
-
-
-def safe_metadata(md: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Scalar metadata values worth logging (tenant, user, feature, ...), without LangChain's
-    internals (``ls_*``, ``lc_*``, ``langgraph_*``) and without secrets."""
-    out: dict[str, Any] = {}
-    for k, v in (md or {}).items():
-        ks = str(k)
-        if ks.startswith(("ls_", "lc_", "langgraph_", "checkpoint_", "_llm_resilience")):
-            continue
-        if isinstance(v, str | int | float | bool) or v is None:
-            out[ks] = REDACTED if _is_secret_key(ks) else v
-    return out
 
 
 def iso_ts(ts: float) -> str:
@@ -234,11 +150,15 @@ class _CallSeen:
     attempts: dict[int, _AttemptSeen] = field(default_factory=dict)
 
 
+_OBSERVERS: weakref.WeakKeyDictionary[Any, RouterObserver] = weakref.WeakKeyDictionary()
+
+
 class RouterObserver:
-    """An :class:`~llm_resilience_plugin.router.AttemptGuard` that refuses nothing: it remembers
-    what router events do not carry (idempotency key, metadata, per-attempt tokens, cost and
-    served model) so log records and metrics can include it. Shared by
-    :func:`attach_router_logging` and :class:`~llm_resilience_plugin.metrics.MetricsCollector`."""
+    """Remembers, per call, what later log records and metrics want beside the router's events:
+    the idempotency key, metadata and tags (from :class:`CallStarted`), and each attempt's
+    served model, tokens and cost (from :class:`AttemptRecord`, priced with ``prices`` when the
+    provider reported no cost). An event subscriber, one per router, shared by
+    :func:`attach_router_logging` and :class:`~llm_resilience_plugin.observability.MetricsCollector`."""
 
     def __init__(
         self,
@@ -248,7 +168,7 @@ class RouterObserver:
         include_content: bool = False,
         max_calls: int = 10_000,
     ) -> None:
-        from llm_resilience_plugin.cost._guard import PriceBook
+        from llm_resilience_plugin.cost import PriceBook
 
         self.router = router
         self.prices = prices or PriceBook(unknown_model="zero")
@@ -258,76 +178,62 @@ class RouterObserver:
         self._calls: OrderedDict[str, _CallSeen] = OrderedDict()
         self._lock = threading.Lock()
         self.users = 0
+        self._unsubscribe = router.subscribe(self.on_event)
 
     @classmethod
     def for_router(cls, router: ResilientRouter, *, prices: PriceBook | None = None) -> RouterObserver:
-        """The router's observer, installed first in ``router.guards`` (one per router)."""
-        for g in router.guards:
-            if isinstance(g, RouterObserver):
-                return g
-        obs = cls(router, prices=prices)
-        router.guards.insert(0, obs)
+        """The router's observer (one per router), subscribed before whoever asks for it."""
+        obs = _OBSERVERS.get(router)
+        if obs is None:
+            obs = _OBSERVERS[router] = cls(router, prices=prices)
         return obs
 
     def remove(self) -> None:
-        self.router.guards[:] = [g for g in self.router.guards if g is not self]
+        """Stop observing the router."""
+        self._unsubscribe()
+        if _OBSERVERS.get(self.router) is self:
+            del _OBSERVERS[self.router]
 
     def call(self, call_id: str, *, pop: bool = False) -> _CallSeen | None:
         with self._lock:
             return self._calls.pop(call_id, None) if pop else self._calls.get(call_id)
 
-    def before_attempt(self, info: AttemptInfo) -> tuple[str, int]:
-        with self._lock:
-            seen = self._calls.get(info.call_id)
-            if seen is None:
-                md = dict(info.metadata or {})
-                tags = md.get("tags")
-                key = info.idempotency_key or info.kwargs.get("idempotency_key")
-                seen = _CallSeen(
-                    idempotency_key=str(key) if key is not None else None,
-                    metadata=safe_metadata(md),
-                    tags=[str(t) for t in tags] if isinstance(tags, list | tuple) else [],
-                    messages=list(info.messages) if self.include_content else None,
-                )
-                self._calls[info.call_id] = seen
+    def on_event(self, event: Event) -> None:
+        """Keep what the logger and metrics read later (called for every router event)."""
+        if isinstance(event, CallStarted):
+            content = event.messages if self.include_content else None
+            seen = _CallSeen(
+                idempotency_key=event.idempotency_key,
+                metadata=dict(event.metadata),
+                tags=list(event.tags),
+                messages=list(content) if content is not None else None,
+            )
+            with self._lock:
+                self._calls[event.call_id] = seen
                 while len(self._calls) > self.max_calls:
                     self._calls.popitem(last=False)
-            seen.attempts[info.attempt] = _AttemptSeen()
-        return info.call_id, info.attempt
+        elif isinstance(event, AttemptRecord):
+            a = self._attempt_seen(event)
+            with self._lock:
+                known = self._calls.get(event.call_id)
+                if known is not None:
+                    known.attempts[event.attempt] = a
 
-    def after_attempt(
-        self,
-        token: Any,
-        *,
-        deployment_id: str | None,
-        response: Any | None,
-        usage: Mapping[str, int] | None,
-        failure: Failure | None,
-    ) -> None:
-        call_id, attempt = token
-        a = _AttemptSeen(deployment_id=deployment_id)
-        if response is not None:
-            model = getattr(response, "model", None)
-            a.served_model = str(model) if model else None
-            if usage is None:
-                usage = usage_of(response)
+    def _attempt_seen(self, rec: AttemptRecord) -> _AttemptSeen:
+        a = _AttemptSeen(deployment_id=rec.deployment_id, served_model=rec.served_model)
+        usage = rec.usage
         if usage:
             a.prompt_tokens = int(usage.get("prompt_tokens") or 0)
             a.completion_tokens = int(usage.get("completion_tokens") or 0)
-        hidden = hidden_params_of(response) or {}
-        reported = hidden.get("response_cost")
-        if isinstance(reported, int | float) and not isinstance(reported, bool) and reported > 0:
-            a.cost = float(reported)
-        elif failure is None and usage and deployment_id in self.deployments:
-            price = self.prices.for_deployment(self.deployments[deployment_id])
+        if rec.outcome != "success":
+            a.cost = 0.0 if rec.outcome == "failure" else None
+        elif rec.cost is not None and rec.cost > 0:
+            a.cost = rec.cost
+        elif usage and rec.deployment_id in self.deployments:
+            price = self.prices.for_deployment(self.deployments[rec.deployment_id])
             if price.known:
                 a.cost = price.cost(a.prompt_tokens or 0, a.completion_tokens or 0)
-        elif failure is not None:
-            a.cost = 0.0
-        with self._lock:
-            seen = self._calls.get(call_id)
-            if seen is not None:
-                seen.attempts[attempt] = a
+        return a
 
     def call_cost(self, call_id: str) -> float | None:
         seen = self.call(call_id)
@@ -536,7 +442,7 @@ def attach_router_logging(
     for entry in router.spec.model_list:
         params = entry.get("litellm_params") or {}
         for k, v in params.items():
-            if _is_secret_key(str(k)) and isinstance(v, str):
+            if is_secret_key(str(k)) and isinstance(v, str):
                 register_secret(v)
                 if v.startswith("os.environ/"):  # LiteLLM's reference to an env variable
                     register_secret(os.environ.get(v[len("os.environ/") :]))

@@ -15,6 +15,7 @@ import litellm
 from llm_resilience_plugin._engine.attempt import AttemptContext
 from llm_resilience_plugin._engine.engine import Engine, served_deployment
 from llm_resilience_plugin._engine.watchdog import AttemptWatchdog
+from llm_resilience_plugin.events import CallReport, attach_report, fill_from_response, usage_of
 from llm_resilience_plugin.routing._hooks import ATTEMPTS, FILTER, META_KEY, PICK, picked_in
 from llm_resilience_plugin.routing._streams import ResilientStream, StaticStream, discard, prefetch_stream
 
@@ -142,9 +143,13 @@ class RouterDispatcher:
         """A configured static answer as a one-chunk stream."""
         return StaticStream(response, attempt_call.report, self.engine, attempt_call)
 
-    def is_stream(self, result: Any) -> bool:
-        """Whether ``result`` is a live stream (its report is filled when it ends)."""
-        return isinstance(result, ResilientStream)
+    def annotate(self, report: CallReport, result: Any, usage: dict[str, int] | None) -> None:
+        """The served model, cost and usage of an answer, and the report attached to it; a live
+        stream fills its report as it ends."""
+        if isinstance(result, ResilientStream):
+            return
+        fill_from_response(report, result, usage_of(result) if usage is None else usage)
+        attach_report(result, report)
 
     async def discard(self, result: Any) -> None:
         """Close a result nobody will read (the loser of a hedge)."""

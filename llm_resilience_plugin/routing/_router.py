@@ -35,11 +35,13 @@ from llm_resilience_plugin._engine.engine import BackendFor, BucketFor, Engine
 from llm_resilience_plugin._engine.idempotency import IdempotencyStore, SingleFlight, fingerprint, open_store
 from llm_resilience_plugin._engine.retry import RetryBudget
 from llm_resilience_plugin._env import allow_loopback
+from llm_resilience_plugin._redaction import safe_metadata
 from llm_resilience_plugin.errors import ConfigError, LoadShedError, UnknownModelGroupError
 from llm_resilience_plugin.events import (
     REPORT_KEY,
     AttemptGuard,
     CallReport,
+    CallStarted,
     DeploymentInfo,
     Listener,
     attach_report,
@@ -406,6 +408,19 @@ class ResilientRouter:
             opts=opts,
             tier=tier,
         )
+        if self.events.active:  # for observers (logs, metrics); a call's own listener sees attempts on
+            md = clean.get("metadata")
+            tags = md.get("tags") if isinstance(md, Mapping) else None
+            started = CallStarted(
+                call_id,
+                model,
+                stream,
+                report.idempotency_key,
+                safe_metadata(md if isinstance(md, Mapping) else None),
+                [str(x) for x in tags] if isinstance(tags, list | tuple) else [],
+                messages,
+            )
+            self.events.emit(started)
         return ctx, clean
 
     def _shed_check(self, group: str, name: str, tier: TierPolicy, kwargs: Mapping[str, Any]) -> None:

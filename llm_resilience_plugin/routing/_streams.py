@@ -249,6 +249,8 @@ class ResilientStream:
             self._wait_before,
             self._ttft,
             usage=self.usage,
+            served_model=self.report.served_model,
+            cost=self.report.response_cost,
         )
         self.report.outcome = "success"
         self.report.usage = self.usage

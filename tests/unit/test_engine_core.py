@@ -79,8 +79,8 @@ class ScriptedDispatcher:
     def static_stream(self, response: Any, call: Any) -> Any:  # pragma: no cover
         raise AssertionError("not a stream test")
 
-    def is_stream(self, result: Any) -> bool:
-        return False
+    def annotate(self, report: CallReport, result: Any, usage: dict[str, int] | None) -> None:
+        report.served_model = result.model
 
     async def discard(self, result: Any) -> None:  # pragma: no cover
         return None
