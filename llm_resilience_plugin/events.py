@@ -276,6 +276,10 @@ class CallReport:
     def idempotency_key(self, value: str | None) -> None:
         self._idempotency_key, self._key_source = value, None
 
+    def key_from(self, source: Callable[[], str]) -> None:
+        """Compute the idempotency key with ``source`` on first read (a fingerprint nobody may need)."""
+        self._idempotency_key, self._key_source = None, source
+
     @property
     def upstream_requests(self) -> int:
         """Attempts that sent a request (skipped routes sent nothing)."""

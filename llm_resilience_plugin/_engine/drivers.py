@@ -16,6 +16,7 @@ from typing import Any
 
 import tenacity
 
+from llm_resilience_plugin._engine import attempts
 from llm_resilience_plugin._engine.attempt import AttemptContext
 from llm_resilience_plugin._engine.core import CallState, final_error, next_route, wants_static_answer
 from llm_resilience_plugin._engine.degradation import (
@@ -123,7 +124,7 @@ async def walk_routes(
             hedge = engine.hedge_for(call, group)
             try:
                 if hedge is None:
-                    result = await engine.attempt(call, group, level, walk.messages, walk.kwargs)
+                    result = await attempts.attempt(engine, call, group, level, walk.messages, walk.kwargs)
                 else:
                     result = await _hedged_attempt(
                         engine, call, group, level, walk.messages, walk.kwargs, hedge
@@ -168,7 +169,7 @@ def walk_routes_sync(
             try:
                 for attempt in build_sync_retrying(state, engine.clock, before_sleep):
                     with attempt:
-                        result = engine.attempt_sync(call, group, level, walk.messages, walk.kwargs)
+                        result = attempts.attempt_sync(engine, call, group, level, walk.messages, walk.kwargs)
             except AttemptFailed:
                 if state.gave_up_reason is not None and state.gave_up_reason.startswith("no time left"):
                     call.out_of_time = True
@@ -332,7 +333,7 @@ async def _retry_group(
                     pending, first = first, None
                     raise pending
                 if hedge is None:
-                    return await engine.attempt(call, group, level, messages, kwargs)
+                    return await attempts.attempt(engine, call, group, level, messages, kwargs)
                 return await _hedged_attempt(engine, call, group, level, messages, kwargs, hedge)
     except AttemptFailed:
         if state.gave_up_reason is not None and state.gave_up_reason.startswith("no time left"):
@@ -356,7 +357,7 @@ async def _hedged_attempt(
     hedge.on_call()
     holder: list[AttemptContext] = []
     first: asyncio.Future[Any] = asyncio.ensure_future(
-        engine.attempt(call, group, level, messages, kwargs, holder=holder)
+        attempts.attempt(engine, call, group, level, messages, kwargs, holder=holder)
     )
     tasks: list[asyncio.Future[Any]] = [first]
     try:
@@ -374,7 +375,7 @@ async def _hedged_attempt(
         engine.emit(call, HedgeSent(call.call_id, group, delay, picked))
         exclude = frozenset({picked}) if picked else frozenset()
         second: asyncio.Future[Any] = asyncio.ensure_future(
-            engine.attempt(call, group, level, messages, kwargs, exclude=exclude)
+            attempts.attempt(engine, call, group, level, messages, kwargs, exclude=exclude)
         )
         tasks.append(second)
         pending: set[asyncio.Future[Any]] = {first, second}

@@ -7,7 +7,6 @@ The drivers (:mod:`._engine.drivers`) walk a call's routes with it; a
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
 import random
@@ -15,7 +14,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from llm_resilience_plugin._engine.attempt import ATTEMPT_IDS, AttemptContext
+from llm_resilience_plugin._engine.attempt import AttemptContext
 from llm_resilience_plugin._engine.breakers import (
     Admission,
     BreakerBackend,
@@ -25,27 +24,20 @@ from llm_resilience_plugin._engine.breakers import (
 from llm_resilience_plugin._engine.clock import Clock
 from llm_resilience_plugin._engine.core import (
     CallState,
-    DeadlineSkip,
-    Served,
-    attempt_limit,
-    attempt_timeouts,
     provider_error_as_itself,
 )
 from llm_resilience_plugin._engine.dispatch import Dispatcher
 from llm_resilience_plugin._engine.hedging import HedgeState
-from llm_resilience_plugin._engine.retry import AttemptFailed, RetryBudget, SharedTokens
-from llm_resilience_plugin._engine.taxonomy import classify
+from llm_resilience_plugin._engine.retry import RetryBudget, SharedTokens
 from llm_resilience_plugin.errors import ErrorClass, Failure
 from llm_resilience_plugin.events import (
     AttemptGuard,
-    AttemptInfo,
     AttemptRecord,
     BreakerTransition,
     DeploymentInfo,
     Event,
     EventBus,
     hidden_params_of,
-    usage_of,
 )
 from llm_resilience_plugin.policy import EffectivePolicy, ResiliencePolicy, RouterSpec
 
@@ -215,188 +207,6 @@ class Engine:
         if dep not in self._not_closed and not self._shared_breakers:
             return "closed"  # transitions keep _not_closed current for in-process breakers
         return self.breakers[dep].state
-
-    # -- one attempt -----------------------------------------------------------------------------
-
-    def begin(
-        self,
-        call: CallState,
-        group: str,
-        level: int,
-        exclude: frozenset[str] = frozenset(),
-        holder: list[AttemptContext] | None = None,
-    ) -> tuple[AttemptContext, float, float, float, float]:
-        """Open an attempt: (context, timeout sent, hard bound, started wall time, wait before it);
-        :class:`AttemptFailed` without sending when the deadline has no room for it."""
-        pol = self.policies[group]
-        call.attempt_no += 1
-        wait_before, call.next_wait = call.next_wait, 0.0
-        remaining = call.deadline.remaining()
-        started_wall = self.clock.wall()
-        if remaining <= pol.min_attempt_time:
-            failure = Failure(
-                ErrorClass.TIMEOUT,
-                None,
-                "call deadline exhausted before the attempt",
-                None,
-                DeadlineSkip("call deadline exhausted"),
-            )
-            call.failures.append(failure)
-            self.record(call, group, level, None, failure, started_wall, 0.0, wait_before, "skipped")
-            raise AttemptFailed(failure, None)
-        _, sent_timeout, bound = attempt_timeouts(attempt_limit(call, pol), remaining)
-        actx = AttemptContext(
-            engine=self,
-            call=call,
-            group=group,
-            exclude=exclude,
-            token=f"{id(self)}:{call.call_id}:{next(ATTEMPT_IDS)}",
-            hedged=holder is not None,
-        )
-        if holder is not None:
-            holder.append(actx)
-        return actx, sent_timeout, bound, started_wall, wait_before
-
-    def cancelled(
-        self, actx: AttemptContext, level: int, t0: float, started_wall: float, wait_before: float
-    ) -> None:
-        """The attempt was cancelled (or abandoned): its breaker counts nothing; guards settle."""
-        self.release(actx.admission)
-        if actx.guard_tokens:
-            if actx.sent:  # in flight: the provider may bill it; the guard's policy decides
-                actx.settle_guards(None, None, None)
-            else:  # nothing was sent: a plain release
-                nothing = Failure(
-                    ErrorClass.UNKNOWN, None, "cancelled before sending", None, asyncio.CancelledError()
-                )
-                actx.settle_guards(None, None, nothing)
-        latency = self.clock.monotonic() - t0
-        cancelled = Failure(ErrorClass.UNKNOWN, None, "cancelled", None, asyncio.CancelledError())
-        self.record(
-            actx.call, actx.group, level, actx, cancelled, started_wall, latency, wait_before, "cancelled"
-        )
-
-    def failed(
-        self,
-        actx: AttemptContext,
-        level: int,
-        exc: BaseException,
-        t0: float,
-        started_wall: float,
-        wait_before: float,
-    ) -> AttemptFailed:
-        """Classify the attempt's error once and count it; the :class:`AttemptFailed` to raise."""
-        latency = self.clock.monotonic() - t0
-        failure = classify(exc)
-        self.attempt_failed(actx.call, actx.group, level, actx, failure, started_wall, latency, wait_before)
-        return AttemptFailed(failure, actx.picked)
-
-    def answered(
-        self,
-        actx: AttemptContext,
-        level: int,
-        resp: Any,
-        t0: float,
-        started_wall: float,
-        wait_before: float,
-        messages: Any,
-        kwargs: Mapping[str, Any],
-    ) -> Any:
-        """Count an answer (a live stream is counted when it ends); what the caller gets."""
-        dispatcher = self.dispatcher
-        assert dispatcher is not None
-        call = actx.call
-        latency = self.clock.monotonic() - t0
-        if call.stream:
-            return dispatcher.wrap_stream(
-                actx, level, resp, started_wall, latency, wait_before, messages, dict(kwargs)
-            )
-        usage = usage_of(resp)
-        call.served = Served(resp, usage, actx.picked)
-        self.attempt_succeeded(
-            call, actx.group, level, actx, started_wall, latency, wait_before, response=resp, usage=usage
-        )
-        return resp
-
-    async def attempt(
-        self,
-        call: CallState,
-        group: str,
-        level: int,
-        messages: Any,
-        kwargs: Mapping[str, Any],
-        *,
-        exclude: frozenset[str] = frozenset(),
-        holder: list[AttemptContext] | None = None,
-    ) -> Any:
-        """Send one attempt through the dispatcher and account for its outcome; a failure is
-        raised as :class:`AttemptFailed` (classified once)."""
-        dispatcher = self.dispatcher
-        assert dispatcher is not None, "an engine needs a dispatcher before its first call"
-        actx, timeout_s, bound, started_wall, wait_before = self.begin(call, group, level, exclude, holder)
-        t0 = self.clock.monotonic()
-        try:
-            if self.guards:
-                self._guard_before(call, actx, group, level, messages, kwargs)
-            resp = await dispatcher.send(actx, messages, dict(kwargs), timeout_s=timeout_s, bound=bound)
-        except asyncio.CancelledError:
-            self.cancelled(actx, level, t0, started_wall, wait_before)
-            raise
-        except BaseException as exc:  # classify once, then decide
-            if isinstance(exc, KeyboardInterrupt | SystemExit | GeneratorExit):
-                raise
-            raise self.failed(actx, level, exc, t0, started_wall, wait_before) from None
-        finally:
-            actx.clean_up()
-        return self.answered(actx, level, resp, t0, started_wall, wait_before, messages, kwargs)
-
-    def attempt_sync(
-        self, call: CallState, group: str, level: int, messages: Any, kwargs: Mapping[str, Any]
-    ) -> Any:
-        """The blocking twin of :meth:`attempt`, on the caller's thread (a dispatcher with
-        ``send_sync``); an interrupt or a generator's close counts as a cancellation."""
-        dispatcher: Any = self.dispatcher
-        assert dispatcher is not None, "an engine needs a dispatcher before its first call"
-        actx, timeout_s, bound, started_wall, wait_before = self.begin(call, group, level)
-        t0 = self.clock.monotonic()
-        try:
-            if self.guards:
-                self._guard_before(call, actx, group, level, messages, kwargs)
-            resp = dispatcher.send_sync(actx, messages, dict(kwargs), timeout_s=timeout_s, bound=bound)
-        except Exception as exc:
-            raise self.failed(actx, level, exc, t0, started_wall, wait_before) from None
-        except BaseException:
-            self.cancelled(actx, level, t0, started_wall, wait_before)
-            raise
-        finally:
-            actx.clean_up()
-        return self.answered(actx, level, resp, t0, started_wall, wait_before, messages, kwargs)
-
-    def _guard_before(
-        self,
-        call: CallState,
-        actx: AttemptContext,
-        group: str,
-        level: int,
-        messages: list[dict[str, Any]],
-        kwargs: Mapping[str, Any],
-    ) -> None:
-        ids = self.admissible(call, group, self.clock.wall()) or self.group_deployments[group]
-        deployments = tuple(self.deployments[d] for d in ids)
-        info = AttemptInfo(
-            call_id=call.call_id,
-            attempt=call.attempt_no,
-            model_group=group,
-            fallback_level=level,
-            deployments=deployments,
-            messages=messages,
-            kwargs={k: v for k, v in kwargs.items() if k != "metadata"},
-            metadata=dict(kwargs.get("metadata") or {}),
-            stream=call.stream,
-            idempotency_key=call.report.idempotency_key,
-        )
-        for guard in self.guards:
-            actx.guard_tokens.append((guard, guard.before_attempt(info)))
 
     def attempt_succeeded(
         self,

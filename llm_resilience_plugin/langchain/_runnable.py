@@ -38,6 +38,7 @@ from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.runnables.config import ensure_config
 from langchain_core.utils.pydantic import TypeBaseModel
 
+from llm_resilience_plugin._engine import attempts
 from llm_resilience_plugin._engine.attempt import AttemptContext
 from llm_resilience_plugin._engine.breakers import DeploymentBreaker
 from llm_resilience_plugin._engine.clock import Clock, Deadline
@@ -470,8 +471,14 @@ class ResilientRunnable(Runnable[Input, Output]):
             )
             r.outcome, r.served_group, r.deployment_id = "success", self.step, self.step
         else:
-            failed = engine.failed(
-                relay.attempt, relay.level, failure_exc, relay.t0, relay.started_wall, relay.wait_before
+            failed = attempts.failed(
+                engine,
+                relay.attempt,
+                relay.level,
+                failure_exc,
+                relay.t0,
+                relay.started_wall,
+                relay.wait_before,
             )
             r.outcome, r.error_class = "failure", failed.failure.error_class
         r.total_latency_s = engine.clock.wall() - r.started_at
@@ -518,7 +525,9 @@ class ResilientRunnable(Runnable[Input, Output]):
                     yield chunk
             done = True
         except GeneratorExit:
-            self.engine.cancelled(relay.attempt, relay.level, relay.t0, relay.started_wall, relay.wait_before)
+            attempts.cancelled(
+                self.engine, relay.attempt, relay.level, relay.t0, relay.started_wall, relay.wait_before
+            )
             raise
         except Exception as exc:
             with sink.scope():
@@ -561,7 +570,9 @@ class ResilientRunnable(Runnable[Input, Output]):
                     yield chunk
             done = True
         except (GeneratorExit, asyncio.CancelledError):
-            self.engine.cancelled(relay.attempt, relay.level, relay.t0, relay.started_wall, relay.wait_before)
+            attempts.cancelled(
+                self.engine, relay.attempt, relay.level, relay.t0, relay.started_wall, relay.wait_before
+            )
             raise
         except Exception as exc:
             with sink.scope():

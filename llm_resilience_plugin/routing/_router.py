@@ -31,7 +31,7 @@ from llm_resilience_plugin._engine.core import (
     split_options,
 )
 from llm_resilience_plugin._engine.drivers import SyncRunner, walk_routes
-from llm_resilience_plugin._engine.engine import BackendFor, BucketFor, Engine
+from llm_resilience_plugin._engine.engine import Engine
 from llm_resilience_plugin._engine.idempotency import IdempotencyStore, SingleFlight, fingerprint, open_store
 from llm_resilience_plugin._engine.retry import RetryBudget
 from llm_resilience_plugin._env import allow_loopback
@@ -59,6 +59,7 @@ from llm_resilience_plugin.policy import (
     spec_from_mapping,
 )
 from llm_resilience_plugin.routing._dispatch import RouterDispatcher
+from llm_resilience_plugin.routing._shared import SharedWiring
 from llm_resilience_plugin.routing._streams import ResilientStream, StaticStream, SyncResilientStream
 
 # Call ids: a random per-process prefix and a counter (uuid4 costs an urandom syscall per call).
@@ -188,48 +189,18 @@ class ResilientRouter:
         )
         deployments = {info.id: info for info in map(_deployment_info, self._router.registry().all())}
         # Shared state on Redis (docs/scaling-out.md): breakers and retry budgets fleet-wide.
-        self.shared_state: Any = None
-        shared_members: list[Any] = []
-        backend_for: BackendFor | None = None
-        bucket_for: BucketFor | None = None
-        wants_shared = shared_state is not None and shared_state is not False
-        if shared_state is None and spec.policy.shared_state.enabled:
-            rs = spec.router_settings
-            wants_shared = bool(rs.get("redis_url") or rs.get("redis_host"))
-        if wants_shared:
-            try:
-                from llm_resilience_plugin import shared_state as redis_state
-            except ImportError as e:
-                raise ConfigError(
-                    "router_settings.redis_url",
-                    f"shared state needs redis-py: pip install 'llm-resilience-plugin[redis]' ({e})",
-                ) from None
-            shared = self.shared_state = redis_state.attach_router(spec, shared_state)
-            if shared is not None:
-                router_key = spec.policy.shared_state.router_name or redis_state.router_key(
-                    spec.model_list, [(i.model_group, i.id) for i in deployments.values()]
-                )
-
-                def backend_for(info: DeploymentInfo, eff: EffectivePolicy) -> Any:
-                    lease = spec.policy.shared_state.probe_lease or eff.deadline
-                    backend = shared.breaker_backend(router_key, info.id, eff.breaker, lease=lease)
-                    shared_members.append(backend)
-                    return backend
-
-                def bucket_for(group: str, eff: EffectivePolicy) -> Any:
-                    bucket = shared.token_bucket(router_key, group, eff.retry_budget.capacity)
-                    shared_members.append(bucket)
-                    return bucket
-
+        wiring = SharedWiring.for_router(spec, deployments, shared_state)
+        self.shared_state: Any = wiring.shared
+        shared_members = wiring.members
         self.engine = engine = Engine(
             spec,
             deployments,
             clock=clock or Clock(),
             seed=seed,
             guards=list(guards or []),
-            backend_for=backend_for,
-            bucket_for=bucket_for,
-            shared_breakers=wants_shared,
+            backend_for=wiring.backend_for if wiring.shared is not None else None,
+            bucket_for=wiring.bucket_for if wiring.shared is not None else None,
+            shared_breakers=wiring.wanted,
         )
         engine.dispatcher = RouterDispatcher(self._router, engine)
         self.guards = engine.guards
@@ -392,7 +363,7 @@ class ResilientRouter:
         elif self._idem_store is not None:
             report.idempotency_key = fingerprint(model, messages, clean)
         else:  # hashed only if read (the list is copied: appending to it later changes nothing)
-            report._key_source = functools.partial(fingerprint, model, list(messages), clean)
+            report.key_from(functools.partial(fingerprint, model, list(messages), clean))
         budget_s = (
             deadline
             or (tier.deadline if tier and tier.deadline else None)

@@ -1,0 +1,210 @@
+"""One attempt's life on the engine: opened (or skipped for want of time), sent through the
+dispatcher, and counted — answered, failed (classified once) or cancelled — in async and blocking
+twins that share every step but the send."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+from llm_resilience_plugin._engine.attempt import ATTEMPT_IDS, AttemptContext
+from llm_resilience_plugin._engine.core import (
+    CallState,
+    DeadlineSkip,
+    Served,
+    attempt_limit,
+    attempt_timeouts,
+)
+from llm_resilience_plugin._engine.engine import Engine
+from llm_resilience_plugin._engine.retry import AttemptFailed
+from llm_resilience_plugin._engine.taxonomy import classify
+from llm_resilience_plugin.errors import ErrorClass, Failure
+from llm_resilience_plugin.events import AttemptInfo, usage_of
+
+
+def begin(
+    engine: Engine,
+    call: CallState,
+    group: str,
+    level: int,
+    exclude: frozenset[str] = frozenset(),
+    holder: list[AttemptContext] | None = None,
+) -> tuple[AttemptContext, float, float, float, float]:
+    """Open an attempt: (context, timeout sent, hard bound, started wall time, wait before it);
+    :class:`AttemptFailed` without sending when the deadline has no room for it."""
+    pol = engine.policies[group]
+    call.attempt_no += 1
+    wait_before, call.next_wait = call.next_wait, 0.0
+    remaining = call.deadline.remaining()
+    started_wall = engine.clock.wall()
+    if remaining <= pol.min_attempt_time:
+        failure = Failure(
+            ErrorClass.TIMEOUT,
+            None,
+            "call deadline exhausted before the attempt",
+            None,
+            DeadlineSkip("call deadline exhausted"),
+        )
+        call.failures.append(failure)
+        engine.record(call, group, level, None, failure, started_wall, 0.0, wait_before, "skipped")
+        raise AttemptFailed(failure, None)
+    _, sent_timeout, bound = attempt_timeouts(attempt_limit(call, pol), remaining)
+    actx = AttemptContext(
+        engine=engine,
+        call=call,
+        group=group,
+        exclude=exclude,
+        token=f"{id(engine)}:{call.call_id}:{next(ATTEMPT_IDS)}",
+        hedged=holder is not None,
+    )
+    if holder is not None:
+        holder.append(actx)
+    return actx, sent_timeout, bound, started_wall, wait_before
+
+
+def cancelled(
+    engine: Engine, actx: AttemptContext, level: int, t0: float, started_wall: float, wait_before: float
+) -> None:
+    """The attempt was cancelled (or abandoned): its breaker counts nothing; guards settle."""
+    engine.release(actx.admission)
+    if actx.guard_tokens:
+        if actx.sent:  # in flight: the provider may bill it; the guard's policy decides
+            actx.settle_guards(None, None, None)
+        else:  # nothing was sent: a plain release
+            nothing = Failure(
+                ErrorClass.UNKNOWN, None, "cancelled before sending", None, asyncio.CancelledError()
+            )
+            actx.settle_guards(None, None, nothing)
+    latency = engine.clock.monotonic() - t0
+    cancelled = Failure(ErrorClass.UNKNOWN, None, "cancelled", None, asyncio.CancelledError())
+    engine.record(
+        actx.call, actx.group, level, actx, cancelled, started_wall, latency, wait_before, "cancelled"
+    )
+
+
+def failed(
+    engine: Engine,
+    actx: AttemptContext,
+    level: int,
+    exc: BaseException,
+    t0: float,
+    started_wall: float,
+    wait_before: float,
+) -> AttemptFailed:
+    """Classify the attempt's error once and count it; the :class:`AttemptFailed` to raise."""
+    latency = engine.clock.monotonic() - t0
+    failure = classify(exc)
+    engine.attempt_failed(actx.call, actx.group, level, actx, failure, started_wall, latency, wait_before)
+    return AttemptFailed(failure, actx.picked)
+
+
+def answered(
+    engine: Engine,
+    actx: AttemptContext,
+    level: int,
+    resp: Any,
+    t0: float,
+    started_wall: float,
+    wait_before: float,
+    messages: Any,
+    kwargs: Mapping[str, Any],
+) -> Any:
+    """Count an answer (a live stream is counted when it ends); what the caller gets."""
+    dispatcher = engine.dispatcher
+    assert dispatcher is not None
+    call = actx.call
+    latency = engine.clock.monotonic() - t0
+    if call.stream:
+        return dispatcher.wrap_stream(
+            actx, level, resp, started_wall, latency, wait_before, messages, dict(kwargs)
+        )
+    usage = usage_of(resp)
+    call.served = Served(resp, usage, actx.picked)
+    engine.attempt_succeeded(
+        call, actx.group, level, actx, started_wall, latency, wait_before, response=resp, usage=usage
+    )
+    return resp
+
+
+async def attempt(
+    engine: Engine,
+    call: CallState,
+    group: str,
+    level: int,
+    messages: Any,
+    kwargs: Mapping[str, Any],
+    *,
+    exclude: frozenset[str] = frozenset(),
+    holder: list[AttemptContext] | None = None,
+) -> Any:
+    """Send one attempt through the dispatcher and account for its outcome; a failure is
+    raised as :class:`AttemptFailed` (classified once)."""
+    dispatcher = engine.dispatcher
+    assert dispatcher is not None, "an engine needs a dispatcher before its first call"
+    actx, timeout_s, bound, started_wall, wait_before = begin(engine, call, group, level, exclude, holder)
+    t0 = engine.clock.monotonic()
+    try:
+        if engine.guards:
+            guard_before(engine, call, actx, group, level, messages, kwargs)
+        resp = await dispatcher.send(actx, messages, dict(kwargs), timeout_s=timeout_s, bound=bound)
+    except asyncio.CancelledError:
+        cancelled(engine, actx, level, t0, started_wall, wait_before)
+        raise
+    except BaseException as exc:  # classify once, then decide
+        if isinstance(exc, KeyboardInterrupt | SystemExit | GeneratorExit):
+            raise
+        raise failed(engine, actx, level, exc, t0, started_wall, wait_before) from None
+    finally:
+        actx.clean_up()
+    return answered(engine, actx, level, resp, t0, started_wall, wait_before, messages, kwargs)
+
+
+def attempt_sync(
+    engine: Engine, call: CallState, group: str, level: int, messages: Any, kwargs: Mapping[str, Any]
+) -> Any:
+    """The blocking twin of :func:`attempt`, on the caller's thread (a dispatcher with
+    ``send_sync``); an interrupt or a generator's close counts as a cancellation."""
+    dispatcher: Any = engine.dispatcher
+    assert dispatcher is not None, "an engine needs a dispatcher before its first call"
+    actx, timeout_s, bound, started_wall, wait_before = begin(engine, call, group, level)
+    t0 = engine.clock.monotonic()
+    try:
+        if engine.guards:
+            guard_before(engine, call, actx, group, level, messages, kwargs)
+        resp = dispatcher.send_sync(actx, messages, dict(kwargs), timeout_s=timeout_s, bound=bound)
+    except Exception as exc:
+        raise failed(engine, actx, level, exc, t0, started_wall, wait_before) from None
+    except BaseException:
+        cancelled(engine, actx, level, t0, started_wall, wait_before)
+        raise
+    finally:
+        actx.clean_up()
+    return answered(engine, actx, level, resp, t0, started_wall, wait_before, messages, kwargs)
+
+
+def guard_before(
+    engine: Engine,
+    call: CallState,
+    actx: AttemptContext,
+    group: str,
+    level: int,
+    messages: list[dict[str, Any]],
+    kwargs: Mapping[str, Any],
+) -> None:
+    ids = engine.admissible(call, group, engine.clock.wall()) or engine.group_deployments[group]
+    deployments = tuple(engine.deployments[d] for d in ids)
+    info = AttemptInfo(
+        call_id=call.call_id,
+        attempt=call.attempt_no,
+        model_group=group,
+        fallback_level=level,
+        deployments=deployments,
+        messages=messages,
+        kwargs={k: v for k, v in kwargs.items() if k != "metadata"},
+        metadata=dict(kwargs.get("metadata") or {}),
+        stream=call.stream,
+        idempotency_key=call.report.idempotency_key,
+    )
+    for guard in engine.guards:
+        actx.guard_tokens.append((guard, guard.before_attempt(info)))
