@@ -57,7 +57,7 @@ def _check(path: str, as_json: bool) -> int:
 def _report(ledger: str, since: str | None, as_json: bool) -> int:
     from datetime import datetime
 
-    from llm_resilience_plugin.cost._ledger import SQLiteLedger, open_ledger
+    from llm_resilience_plugin.cost import SQLiteLedger, open_ledger
 
     if ledger.startswith("sqlite:///"):
         path = ledger.removeprefix("sqlite:///")

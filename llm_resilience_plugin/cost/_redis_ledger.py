@@ -27,6 +27,7 @@ from llm_resilience_plugin.cost._ledger import (
     Reservation,
     SpendEntry,
     from_nano,
+    refusal,
     to_nano,
 )
 from llm_resilience_plugin.errors import BudgetExceededError, ConfigError
@@ -96,17 +97,6 @@ def _shared_state(
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _refusal(key: BudgetKey, spent: int, reserved: int, amount: int) -> BudgetExceededError:
-    """The same refusal the SQLite and memory ledgers raise."""
-    err = BudgetExceededError(key.label, from_nano(spent + reserved), from_nano(amount), float(key.limit))
-    err.budget_name = key.budget  # type: ignore[attr-defined]
-    err.scope = key.scope  # type: ignore[attr-defined]
-    err.window = key.window  # type: ignore[attr-defined]
-    err.settled = from_nano(spent)  # type: ignore[attr-defined]
-    err.in_flight = from_nano(reserved)  # type: ignore[attr-defined]
-    return err
 
 
 def _key_args(k: BudgetKey) -> list[Any]:
@@ -259,7 +249,7 @@ class RedisLedger(Ledger):
                     k = keys[int(r[1]) - 1]
                     spent, reserved = int(r[2]), int(r[3])
                     self._remember_key(k.id, spent, reserved)
-                    raise _refusal(k, spent, reserved, units)
+                    raise refusal(k, spent, reserved, units)
                 return res
         if self.on_error == "fail_closed":
             raise LedgerUnavailableError(self.shared.down_reason or "reconnecting")

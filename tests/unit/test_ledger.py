@@ -25,11 +25,11 @@ from llm_resilience_plugin.cost._ledger import (
     Ledger,
     MemoryLedger,
     SpendEntry,
-    SQLiteLedger,
     from_nano,
     open_ledger,
     to_nano,
 )
+from llm_resilience_plugin.cost._sqlite_ledger import SQLiteLedger
 
 ROOT = str(Path(llm_resilience_plugin.__file__).parent.parent)
 PRICE = Price(1e-6, 2e-6, "override", None, "m")
