@@ -1,7 +1,7 @@
 """Error taxonomy: every exception LiteLLM, openai, httpx and aiohttp raise is classified once here.
 
 The router acts on the class, never on exception types, so a new provider quirk is fixed in one
-place. The class -> action table lives in :mod:`llm_resilience_plugin.config` (``classes``) and in
+place. The class -> action table lives in :mod:`llm_resilience_plugin.policy` (``classes``) and in
 README ("Error classes").
 """
 

@@ -12,7 +12,7 @@ success or a failure, release) is one atomic step of the backend.
 * :class:`MemoryBreakerBackend` (the default): pybreaker owns the state, the counters,
   ``opened_at`` and the storage (any ``pybreaker.CircuitBreakerStorage``); this process owns the
   generation and the half-open probe count.
-* ``llm_resilience_plugin.redis_state.RedisBreakerBackend``: the same state machine as Lua
+* ``llm_resilience_plugin.shared_state.RedisBreakerBackend``: the same state machine as Lua
   scripts on Redis (pybreaker's state names and ``CircuitRedisStorage`` key names), so every
   process sharing the Redis sees one breaker, one generation and one fleet-wide probe limit.
 """

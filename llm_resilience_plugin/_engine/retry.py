@@ -37,7 +37,7 @@ class RetryBudget:
     retries stop while the bucket is below ``min_fraction`` of its capacity. First attempts and
     fallbacks to other groups are never refused: the budget only bounds amplification.
 
-    ``shared`` (e.g. a ``redis_state.RedisTokenBucket``) makes it one bucket for the whole fleet:
+    ``shared`` (e.g. a ``shared_state.RedisTokenBucket``) makes it one bucket for the whole fleet:
     every change is also handed to it, and the level read is the fleet's (this process's own
     changes included). While the shared bucket cannot say (``tokens()`` is None: Redis down, or
     not synced yet) the local bucket, which follows the last fleet level, is used.

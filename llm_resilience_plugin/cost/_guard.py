@@ -198,7 +198,7 @@ class RecentCalls:
 class CostGuard:
     """Reserve-then-settle accounting against budgets, with alerts; an :class:`AttemptGuard` for
     :class:`~llm_resilience_plugin.ResilientRouter` and the engine behind
-    :class:`~llm_resilience_plugin.callbacks.CostGuardCallbackHandler`.
+    :class:`~llm_resilience_plugin.langchain.CostGuardCallbackHandler`.
 
     Args:
         budgets: the :class:`Budget` list (names must be unique).

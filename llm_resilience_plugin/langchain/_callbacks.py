@@ -441,7 +441,7 @@ class StructuredLogCallbackHandler(_RunTracking):
     ``call_id`` / ``upstream_requests`` (ResilientChatModel's response metadata),
     ``budget_remaining`` (with ``guard=``), ``request_key`` (the run id) and
     ``idempotency_key`` (from metadata), ``tags``, ``metadata`` (scalar values only).
-    Message content only with ``include_content=True``. Use :class:`~llm_resilience_plugin.logs.
+    Message content only with ``include_content=True``. Use :class:`~llm_resilience_plugin.observability.
     JsonFormatter` on a handler of the logger to emit JSON.
     """
 

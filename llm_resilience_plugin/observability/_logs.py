@@ -6,7 +6,7 @@ those fields merged at the top level, plus ``ts``, ``level``, ``logger``, ``mess
 anything passed as ``extra=`` - so it joins an existing log pipeline::
 
     import logging
-    from llm_resilience_plugin.logs import JsonFormatter, attach_router_logging
+    from llm_resilience_plugin.observability import JsonFormatter, attach_router_logging
 
     handler = logging.StreamHandler()
     handler.setFormatter(JsonFormatter())

@@ -107,7 +107,7 @@ class MetricsCollector:
     """Collects router events (``router.subscribe(collector)``) and summarises them.
 
     Costs come from the call's ``response_cost``, else the attempts' costs as the router's
-    :class:`~llm_resilience_plugin.logs.RouterObserver` saw them (streams), else ``guard``'s
+    :class:`~llm_resilience_plugin.observability.RouterObserver` saw them (streams), else ``guard``'s
     record of the call.
     """
 
