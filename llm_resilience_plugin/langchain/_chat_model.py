@@ -42,20 +42,14 @@ from llm_resilience_plugin.langchain._bridge import (
     config_deadline,
     find_run_manager,
 )
+from llm_resilience_plugin.langchain._construction import build_router_spec, has_literal_secret
 from llm_resilience_plugin.langchain._convert import (
     StreamAssembler,
     generations_from_response,
     json_safe,
     to_openai_messages,
 )
-from llm_resilience_plugin.policy import (
-    ClassPolicy,
-    ResiliencePolicy,
-    RouterSpec,
-    build_spec,
-    load_config,
-    spec_from_mapping,
-)
+from llm_resilience_plugin.policy import ResiliencePolicy, RouterSpec
 from llm_resilience_plugin.routing import ResilientRouter, get_report
 
 CONFIG_ENV = "LLM_RESILIENCE_CONFIG"
@@ -68,38 +62,6 @@ _TOOL_CHOICE_KEYWORDS = frozenset({"auto", "none", "required"})
 _RUN_CONFIG: ContextVar[Mapping[str, Any] | None] = ContextVar("llm_resilience_run_config", default=None)
 
 _LC_ONLY_KWARGS = frozenset({"stream", "ls_structured_output_format", "run_manager"})
-
-
-def _apply_max_retries(policy: ResiliencePolicy, n: int) -> ResiliencePolicy:
-    """Set every retried error class's ``max_retries`` to ``n`` (failover/fail classes unchanged)."""
-
-    def remap(classes: Mapping[Any, ClassPolicy]) -> dict[Any, ClassPolicy]:
-        return {
-            k: (cp.model_copy(update={"max_retries": n}) if cp.action == "retry" else cp)
-            for k, cp in classes.items()
-        }
-
-    groups = {name: g.model_copy(update={"classes": remap(g.classes)}) for name, g in policy.groups.items()}
-    return policy.model_copy(update={"classes": remap(policy.classes), "groups": groups})
-
-
-_SECRET_WORDS = ("key", "secret", "token", "password", "credential")
-
-
-def _has_literal_secret(value: Any) -> bool:
-    """Does a config/model_list hold a credential literally (not as ``os.environ/NAME``)?"""
-    if isinstance(value, Mapping):
-        for k, v in value.items():
-            name = str(k).lower().replace("per_token", "")
-            if isinstance(v, str) and any(w in name for w in _SECRET_WORDS):
-                if v and not v.startswith("os.environ/"):
-                    return True
-            elif _has_literal_secret(v):
-                return True
-        return False
-    if isinstance(value, list | tuple):
-        return any(_has_literal_secret(v) for v in value)
-    return False
 
 
 class ResilientChatModel(BaseChatModel):
@@ -219,37 +181,13 @@ class ResilientChatModel(BaseChatModel):
                 )
             groups = self.router.model_groups
         else:
-            self._spec = self._build_spec()
+            self._spec = build_router_spec(
+                model_list=self.model_list, config=self.config, policy=self.policy, fallbacks=self.fallbacks,
+                router_settings=self.router_settings, api_key=self.api_key, max_retries=self.max_retries,
+            )  # fmt: skip
             groups = self._spec.groups
         if self.model not in groups:
             raise UnknownModelGroupError(self.model, groups)
-
-    def _build_spec(self) -> RouterSpec:
-        if self.model_list is not None:
-            spec = build_spec(
-                self.model_list,
-                router_settings=self.router_settings,
-                policy=self.policy,
-                fallbacks=self.fallbacks,
-            )
-        else:
-            for name in ("policy", "fallbacks", "router_settings"):
-                if getattr(self, name) is not None:
-                    raise ConfigError(name, "goes in the config's resilience/router_settings sections")
-            cfg = self.config
-            spec = spec_from_mapping(cfg) if isinstance(cfg, Mapping) else load_config(str(cfg))
-        update: dict[str, Any] = {}
-        if self.api_key is not None:
-            key = self.api_key.get_secret_value()
-            update["model_list"] = [
-                d
-                if (d.get("litellm_params") or {}).get("api_key")
-                else {**d, "litellm_params": {**d["litellm_params"], "api_key": key}}
-                for d in spec.model_list
-            ]
-        if self.max_retries is not None:
-            update["policy"] = _apply_max_retries(spec.policy, self.max_retries)
-        return spec.model_copy(update=update) if update else spec
 
     @classmethod
     def from_config(
@@ -305,8 +243,8 @@ class ResilientChatModel(BaseChatModel):
         if (
             self.router is not None
             or self.router_options
-            or _has_literal_secret(self.model_list)
-            or _has_literal_secret(self.config)
+            or has_literal_secret(self.model_list)
+            or has_literal_secret(self.config)
         ):
             return self.to_json_not_implemented()
         return super().to_json()
