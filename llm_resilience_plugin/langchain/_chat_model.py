@@ -11,27 +11,18 @@ import contextlib
 import os
 import threading
 import warnings
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextvars import ContextVar
-from operator import itemgetter
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LangSmithParams
 from langchain_core.language_models.base import LanguageModelInput
 from langchain_core.messages import AIMessage, BaseMessage
-from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
-from langchain_core.output_parsers.base import OutputParserLike
-from langchain_core.output_parsers.openai_tools import (
-    JsonOutputKeyToolsParser,
-    PydanticToolsParser,
-)
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
-from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
-from langchain_core.tools import BaseTool
+from langchain_core.runnables import Runnable
 from langchain_core.utils.function_calling import convert_to_openai_tool
-from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import AliasChoices, BaseModel, Field, PrivateAttr, SecretStr, field_validator
 
 from llm_resilience_plugin.errors import ConfigError, UnknownModelGroupError
@@ -49,13 +40,18 @@ from llm_resilience_plugin.langchain._convert import (
     json_safe,
     to_openai_messages,
 )
+from llm_resilience_plugin.langchain._tools import (
+    StructuredOutputMethod,
+    ToolLike,
+    structured_output,
+    tool_choice_kwargs,
+)
 from llm_resilience_plugin.policy import ResiliencePolicy, RouterSpec
 from llm_resilience_plugin.routing import ResilientRouter, get_report
 
 CONFIG_ENV = "LLM_RESILIENCE_CONFIG"
 API_KEY_ENV = "LLM_RESILIENCE_API_KEY"
 
-_TOOL_CHOICE_KEYWORDS = frozenset({"auto", "none", "required"})
 # LangChain-level kwargs that never go to the provider.
 # The RunnableConfig of the call in progress: BaseChatModel.invoke/stream do not hand
 # `configurable` down to _generate/_stream, and the deadline may be there.
@@ -281,7 +277,7 @@ class ResilientChatModel(BaseChatModel):
     def get_num_tokens_from_messages(
         self,
         messages: list[BaseMessage],
-        tools: Sequence[dict[str, Any] | type | Callable[..., Any] | BaseTool] | None = None,
+        tools: Sequence[ToolLike] | None = None,
     ) -> int:
         """Prompt tokens by LiteLLM's counter for the group's first deployment model (offline for
         OpenAI, Anthropic and DeepSeek models; others fall back to LiteLLM's default encoding)."""
@@ -296,7 +292,7 @@ class ResilientChatModel(BaseChatModel):
 
     def bind_tools(
         self,
-        tools: Sequence[dict[str, Any] | type | Callable[..., Any] | BaseTool],
+        tools: Sequence[ToolLike],
         *,
         tool_choice: dict[str, Any] | str | bool | None = None,
         strict: bool | None = None,
@@ -306,35 +302,16 @@ class ResilientChatModel(BaseChatModel):
         """Bind tools in OpenAI format. ``tool_choice``: ``"auto"``, ``"none"``, ``"required"``
         (also ``"any"`` or ``True``), a tool name, or an OpenAI tool-choice dict."""
         formatted = [convert_to_openai_tool(t, strict=strict) for t in tools]
-        names = [t["function"]["name"] for t in formatted if "function" in t]
-        if tool_choice is not None and tool_choice is not False:
-            if tool_choice is True or tool_choice == "any":
-                choice: Any = "required"
-            elif isinstance(tool_choice, str) and tool_choice in _TOOL_CHOICE_KEYWORDS:
-                choice = tool_choice
-            elif isinstance(tool_choice, str):
-                if tool_choice not in names:
-                    raise ValueError(f"tool_choice {tool_choice!r} is not a bound tool; bound tools: {names}")
-                choice = {"type": "function", "function": {"name": tool_choice}}
-            elif isinstance(tool_choice, dict):
-                wanted = (tool_choice.get("function") or {}).get("name")
-                if wanted is not None and wanted not in names:
-                    raise ValueError(
-                        f"tool_choice names {wanted!r}, which is not a bound tool; bound: {names}"
-                    )
-                choice = tool_choice
-            else:
-                raise ValueError(f"unsupported tool_choice {tool_choice!r}")
-            kwargs["tool_choice"] = choice
-        if parallel_tool_calls is not None:
-            kwargs["parallel_tool_calls"] = parallel_tool_calls
+        kwargs.update(
+            tool_choice_kwargs(formatted, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls)
+        )
         return super().bind(tools=formatted, **kwargs)
 
     def with_structured_output(
         self,
         schema: dict[str, Any] | type | None = None,
         *,
-        method: Literal["json_schema", "function_calling", "json_mode"] = "json_schema",
+        method: StructuredOutputMethod = "json_schema",
         include_raw: bool = False,
         strict: bool | None = None,
         **kwargs: Any,
@@ -347,71 +324,7 @@ class ResilientChatModel(BaseChatModel):
         """
         if kwargs:
             raise ValueError(f"Received unsupported arguments {kwargs}")
-        is_pydantic = isinstance(schema, type) and is_basemodel_subclass(schema)
-        ls_format: dict[str, Any] | None = (
-            {"kwargs": {"method": method, "strict": strict}, "schema": schema} if schema is not None else None
-        )
-        parser: OutputParserLike[Any]
-        llm: Runnable[LanguageModelInput, Any]
-        if method == "function_calling":
-            if schema is None:
-                raise ValueError("method='function_calling' needs a schema")
-            tool = convert_to_openai_tool(schema, strict=strict)
-            name = tool["function"]["name"]
-            llm = self.bind_tools(
-                [schema],
-                tool_choice=name,
-                strict=strict,
-                parallel_tool_calls=False,
-                ls_structured_output_format=ls_format,
-            )
-            if is_pydantic:
-                parser = PydanticToolsParser(tools=[schema], first_tool_only=True)  # type: ignore[list-item]
-            else:
-                parser = JsonOutputKeyToolsParser(key_name=name, first_tool_only=True)
-        elif method == "json_schema":
-            if schema is None:
-                raise ValueError("method='json_schema' needs a schema")
-            tool = convert_to_openai_tool(schema, strict=strict)
-            json_schema: dict[str, Any] = {
-                "name": tool["function"]["name"],
-                "schema": tool["function"]["parameters"],
-            }
-            if tool["function"].get("description"):
-                json_schema["description"] = tool["function"]["description"]
-            if strict is not None:
-                json_schema["strict"] = strict
-            llm = self.bind(
-                response_format={"type": "json_schema", "json_schema": json_schema},
-                ls_structured_output_format=ls_format,
-            )
-            parser = (
-                PydanticOutputParser(pydantic_object=schema)  # type: ignore[arg-type,type-var]
-                if is_pydantic
-                else JsonOutputParser()
-            )
-        elif method == "json_mode":
-            bind_kwargs: dict[str, Any] = {"response_format": {"type": "json_object"}}
-            if ls_format is not None:
-                bind_kwargs["ls_structured_output_format"] = ls_format
-            llm = self.bind(**bind_kwargs)
-            parser = (
-                PydanticOutputParser(pydantic_object=schema)  # type: ignore[arg-type,type-var]
-                if is_pydantic
-                else JsonOutputParser()
-            )
-        else:
-            raise ValueError(
-                f"unsupported method {method!r}: use 'json_schema', 'function_calling' or 'json_mode'"
-            )
-        if include_raw:
-            parser_assign = RunnablePassthrough.assign(
-                parsed=itemgetter("raw") | parser, parsing_error=lambda _: None
-            )
-            parser_none = RunnablePassthrough.assign(parsed=lambda _: None)
-            parser_with_fallback = parser_assign.with_fallbacks([parser_none], exception_key="parsing_error")
-            return RunnableMap(raw=llm) | parser_with_fallback
-        return llm | parser
+        return structured_output(self, schema, method=method, include_raw=include_raw, strict=strict)
 
     # -- the run's config (for a deadline carried in `configurable` / metadata) -----------------
 

@@ -1,0 +1,147 @@
+"""Tools and structured output for :class:`ResilientChatModel`, in OpenAI format (what LiteLLM takes):
+``tool_choice`` normalisation for ``bind_tools`` and the ``with_structured_output`` chain builder."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from operator import itemgetter
+from typing import Any, Literal
+
+from langchain_core.language_models import BaseChatModel
+from langchain_core.language_models.base import LanguageModelInput
+from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
+from langchain_core.output_parsers.base import OutputParserLike
+from langchain_core.output_parsers.openai_tools import JsonOutputKeyToolsParser, PydanticToolsParser
+from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
+from langchain_core.tools import BaseTool
+from langchain_core.utils.function_calling import convert_to_openai_tool
+from langchain_core.utils.pydantic import is_basemodel_subclass
+from pydantic import BaseModel
+
+ToolLike = dict[str, Any] | type | Callable[..., Any] | BaseTool
+"""Anything ``convert_to_openai_tool`` accepts."""
+
+StructuredOutputMethod = Literal["json_schema", "function_calling", "json_mode"]
+"""The ways ``with_structured_output`` can ask for structured output."""
+
+TOOL_CHOICE_KEYWORDS = frozenset({"auto", "none", "required"})
+"""``tool_choice`` strings OpenAI understands as they are."""
+
+
+def openai_tool_choice(tool_choice: dict[str, Any] | str | bool, names: Sequence[str]) -> Any:
+    """OpenAI's ``tool_choice`` for LangChain's spellings (``True``/``"any"`` -> ``"required"``, a
+    bound tool's name -> its function dict); a name or dict naming an unbound tool is an error."""
+    if tool_choice is True or tool_choice == "any":
+        return "required"
+    if isinstance(tool_choice, str) and tool_choice in TOOL_CHOICE_KEYWORDS:
+        return tool_choice
+    if isinstance(tool_choice, str):
+        if tool_choice not in names:
+            raise ValueError(f"tool_choice {tool_choice!r} is not a bound tool; bound tools: {names}")
+        return {"type": "function", "function": {"name": tool_choice}}
+    if isinstance(tool_choice, dict):
+        wanted = (tool_choice.get("function") or {}).get("name")
+        if wanted is not None and wanted not in names:
+            raise ValueError(f"tool_choice names {wanted!r}, which is not a bound tool; bound: {names}")
+        return tool_choice
+    raise ValueError(f"unsupported tool_choice {tool_choice!r}")
+
+
+def tool_choice_kwargs(
+    formatted: Sequence[Mapping[str, Any]],
+    *,
+    tool_choice: dict[str, Any] | str | bool | None,
+    parallel_tool_calls: bool | None,
+) -> dict[str, Any]:
+    """``tool_choice`` / ``parallel_tool_calls`` kwargs for binding the OpenAI tools ``formatted``,
+    when given (``tool_choice=False`` leaves it unset)."""
+    names = [t["function"]["name"] for t in formatted if "function" in t]
+    kwargs: dict[str, Any] = {}
+    if tool_choice is not None and tool_choice is not False:
+        kwargs["tool_choice"] = openai_tool_choice(tool_choice, names)
+    if parallel_tool_calls is not None:
+        kwargs["parallel_tool_calls"] = parallel_tool_calls
+    return kwargs
+
+
+def json_parser(schema: dict[str, Any] | type | None, is_pydantic: bool) -> OutputParserLike[Any]:
+    """Parse the message text as JSON: into the Pydantic class, or to a dict."""
+    if is_pydantic:
+        return PydanticOutputParser(pydantic_object=schema)  # type: ignore[arg-type,type-var]
+    return JsonOutputParser()
+
+
+def response_format_schema(schema: dict[str, Any] | type, strict: bool | None) -> dict[str, Any]:
+    """The ``json_schema`` member of an OpenAI ``response_format`` for ``schema``."""
+    tool = convert_to_openai_tool(schema, strict=strict)
+    json_schema: dict[str, Any] = {"name": tool["function"]["name"], "schema": tool["function"]["parameters"]}
+    if tool["function"].get("description"):
+        json_schema["description"] = tool["function"]["description"]
+    if strict is not None:
+        json_schema["strict"] = strict
+    return json_schema
+
+
+def with_parser(
+    llm: Runnable[LanguageModelInput, Any], parser: OutputParserLike[Any], *, include_raw: bool
+) -> Runnable[LanguageModelInput, Any]:
+    """``llm | parser``, or with ``include_raw`` a map ``{"raw", "parsed", "parsing_error"}``
+    whose ``parsed`` is None (and ``parsing_error`` set) when parsing fails."""
+    if not include_raw:
+        return llm | parser
+    parser_assign = RunnablePassthrough.assign(
+        parsed=itemgetter("raw") | parser, parsing_error=lambda _: None
+    )
+    parser_none = RunnablePassthrough.assign(parsed=lambda _: None)
+    parser_with_fallback = parser_assign.with_fallbacks([parser_none], exception_key="parsing_error")
+    return RunnableMap(raw=llm) | parser_with_fallback
+
+
+def structured_output(
+    model: BaseChatModel,
+    schema: dict[str, Any] | type | None,
+    *,
+    method: StructuredOutputMethod,
+    include_raw: bool,
+    strict: bool | None,
+) -> Runnable[LanguageModelInput, dict[str, Any] | BaseModel]:
+    """The ``with_structured_output`` chain of ``model``: a binding for ``method`` (carrying
+    ``ls_structured_output_format``, which langchain-tests checks) piped into its parser."""
+    is_pydantic = isinstance(schema, type) and is_basemodel_subclass(schema)
+    ls_format: dict[str, Any] | None = (
+        {"kwargs": {"method": method, "strict": strict}, "schema": schema} if schema is not None else None
+    )
+    parser: OutputParserLike[Any]
+    llm: Runnable[LanguageModelInput, Any]
+    if method == "function_calling":
+        if schema is None:
+            raise ValueError("method='function_calling' needs a schema")
+        name = convert_to_openai_tool(schema, strict=strict)["function"]["name"]
+        llm = model.bind_tools(
+            [schema],
+            tool_choice=name,
+            strict=strict,
+            parallel_tool_calls=False,
+            ls_structured_output_format=ls_format,
+        )
+        if is_pydantic:
+            parser = PydanticToolsParser(tools=[schema], first_tool_only=True)  # type: ignore[list-item]
+        else:
+            parser = JsonOutputKeyToolsParser(key_name=name, first_tool_only=True)
+    elif method == "json_schema":
+        if schema is None:
+            raise ValueError("method='json_schema' needs a schema")
+        response_format = {"type": "json_schema", "json_schema": response_format_schema(schema, strict)}
+        llm = model.bind(response_format=response_format, ls_structured_output_format=ls_format)
+        parser = json_parser(schema, is_pydantic)
+    elif method == "json_mode":
+        bind_kwargs: dict[str, Any] = {"response_format": {"type": "json_object"}}
+        if ls_format is not None:
+            bind_kwargs["ls_structured_output_format"] = ls_format
+        llm = model.bind(**bind_kwargs)
+        parser = json_parser(schema, is_pydantic)
+    else:
+        raise ValueError(
+            f"unsupported method {method!r}: use 'json_schema', 'function_calling' or 'json_mode'"
+        )
+    return with_parser(llm, parser, include_raw=include_raw)
