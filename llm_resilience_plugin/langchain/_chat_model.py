@@ -3,6 +3,8 @@
 Every LangChain entry point (``invoke``, ``ainvoke``, ``batch``, ``stream``, ``astream``,
 ``astream_events``, LangGraph) goes through the router, so retries, breakers, fallbacks and the
 deadline apply on both the generate and the stream paths; ``with_retry`` is never needed.
+The class keeps what LangChain calls; request building, results and streams live in
+``_requests``, tools and structured output in ``_tools``, router-spec building in ``_construction``.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ import os
 import threading
 import warnings
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -26,20 +27,10 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import AliasChoices, BaseModel, Field, PrivateAttr, SecretStr, field_validator
 
 from llm_resilience_plugin.errors import ConfigError, UnknownModelGroupError
-from llm_resilience_plugin.events import CallReport, hidden_params_of
-from llm_resilience_plugin.langchain._bridge import (
-    EventSink,
-    bridge_router,
-    config_deadline,
-    find_run_manager,
-)
+from llm_resilience_plugin.langchain._bridge import AnyRunManager, EventSink, bridge_router, find_run_manager
 from llm_resilience_plugin.langchain._construction import build_router_spec, has_literal_secret
-from llm_resilience_plugin.langchain._convert import (
-    StreamAssembler,
-    generations_from_response,
-    json_safe,
-    to_openai_messages,
-)
+from llm_resilience_plugin.langchain._convert import json_safe, to_openai_messages
+from llm_resilience_plugin.langchain._requests import ChatRequest, prepare_request, run_config
 from llm_resilience_plugin.langchain._tools import (
     StructuredOutputMethod,
     ToolLike,
@@ -47,17 +38,10 @@ from llm_resilience_plugin.langchain._tools import (
     tool_choice_kwargs,
 )
 from llm_resilience_plugin.policy import ResiliencePolicy, RouterSpec
-from llm_resilience_plugin.routing import ResilientRouter, get_report
+from llm_resilience_plugin.routing import ResilientRouter
 
 CONFIG_ENV = "LLM_RESILIENCE_CONFIG"
 API_KEY_ENV = "LLM_RESILIENCE_API_KEY"
-
-# LangChain-level kwargs that never go to the provider.
-# The RunnableConfig of the call in progress: BaseChatModel.invoke/stream do not hand
-# `configurable` down to _generate/_stream, and the deadline may be there.
-_RUN_CONFIG: ContextVar[Mapping[str, Any] | None] = ContextVar("llm_resilience_run_config", default=None)
-
-_LC_ONLY_KWARGS = frozenset({"stream", "ls_structured_output_format", "run_manager"})
 
 
 class ResilientChatModel(BaseChatModel):
@@ -135,11 +119,13 @@ class ResilientChatModel(BaseChatModel):
     @field_validator("config", mode="before")
     @classmethod
     def _path_to_str(cls, value: Any) -> Any:
+        """A config path may be given as a ``Path``."""
         return str(value) if isinstance(value, Path) else value
 
     @field_validator("policy", mode="before")
     @classmethod
     def _policy_mapping(cls, value: Any) -> Any:
+        """A :class:`ResiliencePolicy` is kept as its JSON mapping (serializable)."""
         if isinstance(value, ResiliencePolicy):
             return value.model_dump(mode="json")
         return value
@@ -147,13 +133,16 @@ class ResilientChatModel(BaseChatModel):
     @field_validator("stop", mode="before")
     @classmethod
     def _stop_list(cls, value: Any) -> Any:
+        """A single stop string is a one-item list."""
         return [value] if isinstance(value, str) else value
 
     def __init__(self, **data: Any) -> None:
+        """Validate the fields, then check the router source and the model group."""
         super().__init__(**data)
         self._setup()
 
     def _setup(self) -> None:
+        """Exactly one router source (``$LLM_RESILIENCE_CONFIG`` by default); the group must exist."""
         sources = [n for n in ("router", "model_list", "config") if getattr(self, n) is not None]
         if len(sources) > 1:
             raise ConfigError(", ".join(sources), "give one of router, model_list or config, not several")
@@ -195,6 +184,7 @@ class ResilientChatModel(BaseChatModel):
 
     @classmethod
     def from_router(cls, router: ResilientRouter, *, model: str, **kwargs: Any) -> ResilientChatModel:
+        """A model over ``model`` of an existing router (shared breakers, budgets and events)."""
         return cls(router=router, model=model, **kwargs)
 
     def get_router(self) -> ResilientRouter:
@@ -217,10 +207,12 @@ class ResilientChatModel(BaseChatModel):
 
     @property
     def _llm_type(self) -> str:
+        """LangChain's name for this kind of model."""
         return "llm-resilience-chat"
 
     @classmethod
     def is_lc_serializable(cls) -> bool:
+        """Serializable with LangChain's ``dumps`` (see :meth:`to_json` for the exceptions)."""
         return True
 
     @classmethod
@@ -230,9 +222,11 @@ class ResilientChatModel(BaseChatModel):
 
     @property
     def lc_secrets(self) -> dict[str, str]:
+        """``api_key`` serializes as a reference to ``$LLM_RESILIENCE_API_KEY``."""
         return {"api_key": API_KEY_ENV}
 
     def to_json(self) -> Any:
+        """LangChain's serialized form, or "not implemented" when it cannot round-trip safely."""
         # A router object (or clocks and guards) cannot be serialized, and a model_list or config
         # mapping holding a literal key must not be: those serialize as "not implemented". A config
         # path, or a mapping whose keys are LiteLLM ``os.environ/NAME`` references, round-trips.
@@ -247,6 +241,7 @@ class ResilientChatModel(BaseChatModel):
 
     @property
     def _identifying_params(self) -> dict[str, Any]:
+        """The settings that identify this model in traces."""
         return {
             "model": self.model,
             "temperature": self.temperature,
@@ -258,6 +253,7 @@ class ResilientChatModel(BaseChatModel):
         }
 
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
+        """LangSmith's standard parameters of a call."""
         params = LangSmithParams(
             ls_provider="litellm",
             ls_model_name=kwargs.get("model") or self.model,
@@ -275,9 +271,7 @@ class ResilientChatModel(BaseChatModel):
         return params
 
     def get_num_tokens_from_messages(
-        self,
-        messages: list[BaseMessage],
-        tools: Sequence[ToolLike] | None = None,
+        self, messages: list[BaseMessage], tools: Sequence[ToolLike] | None = None
     ) -> int:
         """Prompt tokens by LiteLLM's counter for the group's first deployment model (offline for
         OpenAI, Anthropic and DeepSeek models; others fall back to LiteLLM's default encoding)."""
@@ -329,133 +323,43 @@ class ResilientChatModel(BaseChatModel):
     # -- the run's config (for a deadline carried in `configurable` / metadata) -----------------
 
     def invoke(self, input: LanguageModelInput, config: Any = None, **kwargs: Any) -> AIMessage:
-        token = _RUN_CONFIG.set(config)
-        try:
+        """``BaseChatModel.invoke``, with ``config`` visible to the request (its deadline)."""
+        with run_config(config):
             return super().invoke(input, config, **kwargs)
-        finally:
-            _RUN_CONFIG.reset(token)
 
     async def ainvoke(self, input: LanguageModelInput, config: Any = None, **kwargs: Any) -> AIMessage:
-        token = _RUN_CONFIG.set(config)
-        try:
+        """``BaseChatModel.ainvoke``, with ``config`` visible to the request (its deadline)."""
+        with run_config(config):
             return await super().ainvoke(input, config, **kwargs)
-        finally:
-            _RUN_CONFIG.reset(token)
 
     def stream(self, input: LanguageModelInput, config: Any = None, **kwargs: Any) -> Iterator[Any]:
-        token = _RUN_CONFIG.set(config)
-        try:
+        """``BaseChatModel.stream``, with ``config`` visible to the request (its deadline)."""
+        with run_config(config):
             yield from super().stream(input, config, **kwargs)
-        finally:
-            with contextlib.suppress(ValueError):  # reset from another context after a handoff
-                _RUN_CONFIG.reset(token)
 
     async def astream(
         self, input: LanguageModelInput, config: Any = None, **kwargs: Any
     ) -> AsyncIterator[Any]:
-        token = _RUN_CONFIG.set(config)
-        try:
+        """``BaseChatModel.astream``, with ``config`` visible to the request (its deadline)."""
+        with run_config(config):
             async for chunk in super().astream(input, config, **kwargs):
                 yield chunk
-        finally:
-            with contextlib.suppress(ValueError):
-                _RUN_CONFIG.reset(token)
 
-    # -- request preparation ---------------------------------------------------------------------
+    # -- generate and stream: thin sync/async twins over one request builder ---------------------
 
-    def _prepare(
-        self, stop: list[str] | None, kwargs: dict[str, Any]
-    ) -> tuple[str, dict[str, Any], float | None]:
-        kwargs = dict(kwargs)
-        group = kwargs.pop("model", None) or self.model
-        deadline = kwargs.pop("deadline", None)
-        timeout = kwargs.pop("timeout", None)
-        for k in _LC_ONLY_KWARGS:
-            kwargs.pop(k, None)
-        params: dict[str, Any] = {}
-        if self.temperature is not None:
-            params["temperature"] = self.temperature
-        if self.max_tokens is not None:
-            params["max_tokens"] = self.max_tokens
-        if self.top_p is not None:
-            params["top_p"] = self.top_p
-        params.update(self.model_kwargs)
-        stops = stop if stop is not None else self.stop
-        if stops:
-            params["stop"] = list(stops)
-        params.update(kwargs)
-        if params.get("tools") == []:
-            params.pop("tools")
-            params.pop("tool_choice", None)
-        # An explicit argument wins; then a deadline carried by the run's RunnableConfig (see
-        # config_deadline); then the model's own timeout.
-        cfg = _RUN_CONFIG.get()
-        return group, params, deadline or timeout or config_deadline(cfg) or self.timeout
-
-    def _metadata(
-        self, report: CallReport | None, served_model: str | None, cost: float | None
-    ) -> dict[str, Any]:
-        router = self.get_router()
-        group = report.served_group if report else None
-        dep = report.deployment_id if report else None
-        name = served_model
-        if not name and dep is not None:
-            infos = [d for d in router.deployments() if d.id == dep]
-            name = infos[0].model if infos else None
-        md: dict[str, Any] = {
-            "model_name": name or group or self.model,
-            "model_provider": "litellm",
-            "model_group": group,
-            "model_id": dep,
-        }
-        if cost is not None:
-            md["response_cost"] = cost
-        if report is not None:
-            rd = report.to_dict()
-            if rd.get("response_cost") is None and cost is not None:
-                rd["response_cost"] = cost  # streamed answers: the cost comes with the usage chunk
-            md["resilience"] = json_safe(rd)
-        return md
-
-    def _result(self, resp: Any) -> ChatResult:
-        report = get_report(resp)
-        hidden = hidden_params_of(resp) or {}
-        cost = hidden.get("response_cost")
-        cost = float(cost) if isinstance(cost, int | float) and not isinstance(cost, bool) else None
-        md = self._metadata(report, getattr(resp, "model", None), cost)
-        gens, usage = generations_from_response(resp, md)
-        llm_output: dict[str, Any] = {
-            "model_name": md["model_name"],
-            "model_group": md["model_group"],
-            "model_id": md["model_id"],
-        }
-        if usage is not None:
-            llm_output["token_usage"] = dict(usage)
-        return ChatResult(generations=gens, llm_output=llm_output)
-
-    def _final_chunk(self, asm: StreamAssembler, report: CallReport | None) -> ChatGenerationChunk:
-        served = (report.served_model if report else None) or asm.model
-        return asm.final_chunk(self._metadata(report, served, asm.response_cost))
-
-    # -- sync ------------------------------------------------------------------------------------
-
-    def _call_sync(
+    def _request(
         self,
-        router: ResilientRouter,
-        group: str,
-        messages: list[dict[str, Any]],
-        *,
-        stream: bool,
-        deadline: float | None,
-        sink: EventSink,
-        params: dict[str, Any],
-    ) -> Any:
-        # The router runs its async attempt loop on a private thread; before_retry and the
-        # listener are called there while this thread waits (see _bridge).
-        return router.completion(
-            group, messages, stream=stream, deadline=deadline, listener=sink.on_event,
-            before_retry=sink.before_retry_sync, **params,
-        )  # fmt: skip
+        messages: list[BaseMessage],
+        stop: list[str] | None,
+        run_manager: AnyRunManager | None,
+        kwargs: dict[str, Any],
+    ) -> ChatRequest:
+        """The router call for these messages and kwargs, delivering its events to ``run_manager``."""
+        router = self.get_router()
+        bridge_router(router)
+        group, params, deadline = prepare_request(self, stop, kwargs)
+        sink = EventSink(run_manager, enabled=self.emit_events)
+        return ChatRequest(router, self.model, group, to_openai_messages(messages), params, deadline, sink)
 
     def _generate(
         self,
@@ -464,16 +368,9 @@ class ResilientChatModel(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        router = self.get_router()
-        bridge_router(router)
-        group, params, deadline = self._prepare(stop, kwargs)
-        sink = EventSink(run_manager, enabled=self.emit_events)
-        with sink.scope():
-            resp = self._call_sync(
-                router, group, to_openai_messages(messages), stream=False, deadline=deadline,
-                sink=sink, params=params,
-            )  # fmt: skip
-        return self._result(resp)
+        """One answer through the router (sync)."""
+        request = self._request(messages, stop, run_manager, kwargs)
+        return request.result(request.send(stream=False))
 
     def _stream(
         self,
@@ -482,39 +379,10 @@ class ResilientChatModel(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
-        run_manager = find_run_manager(run_manager)
-        router = self.get_router()
-        bridge_router(router)
-        group, params, deadline = self._prepare(stop, kwargs)
-        sink = EventSink(run_manager, enabled=self.emit_events)
-        with sink.scope():
-            stream = self._call_sync(
-                router, group, to_openai_messages(messages), stream=True, deadline=deadline,
-                sink=sink, params=params,
-            )  # fmt: skip
-        asm = StreamAssembler()
-        it = iter(stream)
-        finished = False
-        try:
-            while True:
-                with sink.scope():
-                    try:
-                        chunk = next(it)
-                    except StopIteration:
-                        break
-                gen = asm.feed(chunk)
-                if gen is not None:
-                    yield gen
-            finished = True
-        finally:
-            if not finished:
-                try:
-                    stream.close()
-                except Exception:  # the stream already failed; keep the original error
-                    pass
-        yield self._final_chunk(asm, stream.report)
-
-    # -- async -----------------------------------------------------------------------------------
+        """One streamed answer through the router (sync)."""
+        run_manager = find_run_manager(run_manager)  # first line: it reads the caller's frame
+        request = self._request(messages, stop, run_manager, kwargs)
+        yield from request.relay(request.send(stream=True))
 
     async def _agenerate(
         self,
@@ -523,19 +391,9 @@ class ResilientChatModel(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        router = self.get_router()
-        bridge_router(router)
-        group, params, deadline = self._prepare(stop, kwargs)
-        sink = EventSink(run_manager, enabled=self.emit_events)
-        try:
-            with sink.scope():
-                resp = await router.acompletion(
-                    group, to_openai_messages(messages), deadline=deadline,
-                    listener=sink.on_event, before_retry=sink.before_retry_async, **params,
-                )  # fmt: skip
-        finally:
-            await sink.aflush()
-        return self._result(resp)
+        """One answer through the router (async)."""
+        request = self._request(messages, stop, run_manager, kwargs)
+        return request.result(await request.asend(stream=False))
 
     async def _astream(
         self,
@@ -544,38 +402,9 @@ class ResilientChatModel(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
-        run_manager = find_run_manager(run_manager)
-        router = self.get_router()
-        bridge_router(router)
-        group, params, deadline = self._prepare(stop, kwargs)
-        sink = EventSink(run_manager, enabled=self.emit_events)
-        try:
-            with sink.scope():
-                stream = await router.acompletion(
-                    group, to_openai_messages(messages), stream=True, deadline=deadline,
-                    listener=sink.on_event, before_retry=sink.before_retry_async, **params,
-                )  # fmt: skip
-        finally:
-            await sink.aflush()
-        asm = StreamAssembler()
-        it = stream.__aiter__()
-        finished = False
-        try:
-            while True:
-                with sink.scope():
-                    try:
-                        chunk = await it.__anext__()
-                    except StopAsyncIteration:
-                        break
-                gen = asm.feed(chunk)
-                if gen is not None:
-                    yield gen
-            finished = True
-        finally:
-            if not finished:
-                try:
-                    await stream.aclose()
-                except Exception:
-                    pass
-            await sink.aflush()
-        yield self._final_chunk(asm, stream.report)
+        """One streamed answer through the router (async)."""
+        run_manager = find_run_manager(run_manager)  # first line: it reads the caller's frame
+        request = self._request(messages, stop, run_manager, kwargs)
+        async with contextlib.aclosing(request.arelay(await request.asend(stream=True))) as chunks:
+            async for chunk in chunks:
+                yield chunk

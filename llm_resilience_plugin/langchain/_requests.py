@@ -1,0 +1,221 @@
+"""One :class:`ResilientChatModel` call to its router, shared by the sync and async twins:
+request preparation (parameters, stop, deadline), the router call with the run's event sink,
+and the LangChain result or stream chunks with their response metadata."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncGenerator, Iterator, Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from langchain_core.outputs import ChatGenerationChunk, ChatResult
+
+from llm_resilience_plugin.events import CallReport, hidden_params_of
+from llm_resilience_plugin.langchain._bridge import EventSink, config_deadline
+from llm_resilience_plugin.langchain._convert import StreamAssembler, generations_from_response, json_safe
+from llm_resilience_plugin.routing import (
+    ResilientRouter,
+    ResilientStream,
+    StaticStream,
+    SyncResilientStream,
+    get_report,
+)
+
+# The RunnableConfig of the call in progress: BaseChatModel.invoke/stream do not hand
+# `configurable` down to _generate/_stream, and the deadline may be there.
+RUN_CONFIG: ContextVar[Mapping[str, Any] | None] = ContextVar("llm_resilience_run_config", default=None)
+
+LC_ONLY_KWARGS = frozenset({"stream", "ls_structured_output_format", "run_manager"})
+"""LangChain-level kwargs that never go to the provider."""
+
+
+@contextlib.contextmanager
+def run_config(config: Any) -> Iterator[None]:
+    """Make ``config`` the RunnableConfig of the call in progress (read by :func:`prepare_request`)."""
+    token = RUN_CONFIG.set(config)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError):  # reset from another context after a stream's handoff
+            RUN_CONFIG.reset(token)
+
+
+class RequestDefaults(Protocol):
+    """The model settings that shape every request (the fields of :class:`ResilientChatModel`)."""
+
+    model: str
+    temperature: float | None
+    max_tokens: int | None
+    top_p: float | None
+    stop: list[str] | None
+    timeout: float | None
+    model_kwargs: dict[str, Any]
+
+
+def prepare_request(
+    defaults: RequestDefaults, stop: list[str] | None, kwargs: Mapping[str, Any]
+) -> tuple[str, dict[str, Any], float | None]:
+    """The model group, provider parameters and deadline of one call: per-call kwargs over the
+    model's settings; LangChain-only kwargs and empty tool lists dropped."""
+    kwargs = dict(kwargs)
+    group = kwargs.pop("model", None) or defaults.model
+    deadline = kwargs.pop("deadline", None)
+    timeout = kwargs.pop("timeout", None)
+    for k in LC_ONLY_KWARGS:
+        kwargs.pop(k, None)
+    params: dict[str, Any] = {}
+    if defaults.temperature is not None:
+        params["temperature"] = defaults.temperature
+    if defaults.max_tokens is not None:
+        params["max_tokens"] = defaults.max_tokens
+    if defaults.top_p is not None:
+        params["top_p"] = defaults.top_p
+    params.update(defaults.model_kwargs)
+    stops = stop if stop is not None else defaults.stop
+    if stops:
+        params["stop"] = list(stops)
+    params.update(kwargs)
+    if params.get("tools") == []:
+        params.pop("tools")
+        params.pop("tool_choice", None)
+    # An explicit argument wins; then a deadline carried by the run's RunnableConfig (see
+    # config_deadline); then the model's own timeout.
+    cfg = RUN_CONFIG.get()
+    return group, params, deadline or timeout or config_deadline(cfg) or defaults.timeout
+
+
+def response_metadata(
+    router: ResilientRouter,
+    model: str,
+    report: CallReport | None,
+    served_model: str | None,
+    cost: float | None,
+) -> dict[str, Any]:
+    """``response_metadata`` of an answer: the model that served it (``model`` as the last
+    resort), its group and deployment id, the cost and the call report."""
+    group = report.served_group if report else None
+    dep = report.deployment_id if report else None
+    name = served_model
+    if not name and dep is not None:
+        infos = [d for d in router.deployments() if d.id == dep]
+        name = infos[0].model if infos else None
+    md: dict[str, Any] = {
+        "model_name": name or group or model,
+        "model_provider": "litellm",
+        "model_group": group,
+        "model_id": dep,
+    }
+    if cost is not None:
+        md["response_cost"] = cost
+    if report is not None:
+        rd = report.to_dict()
+        if rd.get("response_cost") is None and cost is not None:
+            rd["response_cost"] = cost  # streamed answers: the cost comes with the usage chunk
+        md["resilience"] = json_safe(rd)
+    return md
+
+
+@dataclass
+class ChatRequest:
+    """One call of a chat model to its router: what to send, and the LangChain run's event sink."""
+
+    router: ResilientRouter
+    model: str
+    """The chat model's own group (named in the metadata when nothing better is known)."""
+    group: str
+    messages: list[dict[str, Any]]
+    params: dict[str, Any]
+    deadline: float | None
+    sink: EventSink
+
+    def send(self, *, stream: bool) -> Any:
+        """Call the router from a sync run: a response, or a :class:`SyncResilientStream`."""
+        # The router runs its async attempt loop on a private thread; before_retry and the
+        # listener are called there while this thread waits (see _bridge).
+        with self.sink.scope():
+            return self.router.completion(
+                self.group, self.messages, stream=stream, deadline=self.deadline,
+                listener=self.sink.on_event, before_retry=self.sink.before_retry_sync, **self.params,
+            )  # fmt: skip
+
+    async def asend(self, *, stream: bool) -> Any:
+        """Call the router from an async run: a response, or a :class:`ResilientStream`."""
+        try:
+            with self.sink.scope():
+                return await self.router.acompletion(
+                    self.group, self.messages, stream=stream, deadline=self.deadline,
+                    listener=self.sink.on_event, before_retry=self.sink.before_retry_async, **self.params,
+                )  # fmt: skip
+        finally:
+            await self.sink.aflush()
+
+    def result(self, resp: Any) -> ChatResult:
+        """The ``ChatResult`` of a whole response, with metadata and token usage."""
+        report = get_report(resp)
+        hidden = hidden_params_of(resp) or {}
+        cost = hidden.get("response_cost")
+        cost = float(cost) if isinstance(cost, int | float) and not isinstance(cost, bool) else None
+        md = response_metadata(self.router, self.model, report, getattr(resp, "model", None), cost)
+        gens, usage = generations_from_response(resp, md)
+        llm_output: dict[str, Any] = {
+            "model_name": md["model_name"],
+            "model_group": md["model_group"],
+            "model_id": md["model_id"],
+        }
+        if usage is not None:
+            llm_output["token_usage"] = dict(usage)
+        return ChatResult(generations=gens, llm_output=llm_output)
+
+    def final_chunk(self, asm: StreamAssembler, report: CallReport | None) -> ChatGenerationChunk:
+        """The closing chunk of a stream: finish reason, usage and the response metadata."""
+        served = (report.served_model if report else None) or asm.model
+        return asm.final_chunk(response_metadata(self.router, self.model, report, served, asm.response_cost))
+
+    def relay(self, stream: SyncResilientStream) -> Iterator[ChatGenerationChunk]:
+        """Chunks of a sync stream, then the closing chunk; the stream is closed if left early."""
+        asm = StreamAssembler()
+        it = iter(stream)
+        finished = False
+        try:
+            while True:
+                with self.sink.scope():
+                    try:
+                        chunk = next(it)
+                    except StopIteration:
+                        break
+                gen = asm.feed(chunk)
+                if gen is not None:
+                    yield gen
+            finished = True
+        finally:
+            if not finished:
+                with contextlib.suppress(Exception):  # the stream already failed; keep the original error
+                    stream.close()
+        yield self.final_chunk(asm, stream.report)
+
+    async def arelay(
+        self, stream: ResilientStream | StaticStream
+    ) -> AsyncGenerator[ChatGenerationChunk, None]:
+        """Async twin of :meth:`relay`; router events are delivered as the chunks arrive."""
+        asm = StreamAssembler()
+        it = stream.__aiter__()
+        finished = False
+        try:
+            while True:
+                with self.sink.scope():
+                    try:
+                        chunk = await it.__anext__()
+                    except StopAsyncIteration:
+                        break
+                gen = asm.feed(chunk)
+                if gen is not None:
+                    yield gen
+            finished = True
+        finally:
+            if not finished:
+                with contextlib.suppress(Exception):
+                    await stream.aclose()
+            await self.sink.aflush()
+        yield self.final_chunk(asm, stream.report)
