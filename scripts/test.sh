@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One command: set everything up, then lint, type-check and run the whole test suite.
+# One command: set everything up, then lint, type-check, build the docs and run the whole test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -8,4 +8,6 @@ export NO_PROXY="127.0.0.1,localhost${NO_PROXY:+,$NO_PROXY}"
 .venv/bin/ruff format --check llm_resilience_plugin tests benchmarks
 .venv/bin/mypy llm_resilience_plugin
 .venv/bin/lint-imports --no-cache
+# The documentation site must build with no warning (broken links, API docs that no longer resolve).
+NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir "$(mktemp -d)"
 exec .venv/bin/pytest -q -p no:cacheprovider "$@"
