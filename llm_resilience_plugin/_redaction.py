@@ -43,11 +43,11 @@ def register_secret(value: str | None) -> None:
 
 
 def scrub(text: str) -> str:
-    """``text`` with registered secrets and key-shaped tokens masked."""
+    """``text`` with registered secrets, key-shaped tokens and URL credentials masked."""
     pat = _secret_re
     if pat is not None:
         text = pat.sub(REDACTED, text)
-    return _KEY_LIKE_RE.sub(_mask, text)
+    return mask_url(_KEY_LIKE_RE.sub(_mask, text)) or ""
 
 
 def _mask(m: re.Match[str]) -> str:
@@ -98,3 +98,24 @@ def safe_metadata(md: Mapping[str, Any] | None) -> dict[str, Any]:
         if isinstance(v, str | int | float | bool) or v is None:
             out[ks] = REDACTED if is_secret_key(ks) else v
     return out
+
+
+def redact_mapping(value: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of ``value`` with secrets removed (values under secret keys, secrets in strings)."""
+    out = redact(value)
+    return out if isinstance(out, dict) else {}
+
+
+_URL_CREDENTIALS_RE = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.\-]*://)(?P<userinfo>[^/@\s]+)@")
+
+
+def url_has_credentials(url: str | None) -> bool:
+    """Does ``url`` carry ``user:password@`` (or a token) before its host?"""
+    return bool(url) and _URL_CREDENTIALS_RE.search(str(url)) is not None
+
+
+def mask_url(url: str | None) -> str | None:
+    """``url`` with any credentials before the host replaced by ``***``."""
+    if url is None:
+        return None
+    return _URL_CREDENTIALS_RE.sub(lambda m: f"{m.group('scheme')}***@", str(url))

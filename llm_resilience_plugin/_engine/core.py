@@ -7,6 +7,7 @@ and which error the caller finally sees.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -73,9 +74,91 @@ def positive_seconds(name: str, value: Any) -> float | None:
     """``value`` as a positive float of seconds (None stays None); a ConfigError naming ``name``."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise ConfigError(name, "must be a positive number of seconds")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0 or math.isinf(value):
+        raise ConfigError(name, f"must be a positive, finite number of seconds, got {value!r}")
     return float(value)
+
+
+# LiteLLM's numeric request arguments and what each accepts.
+_NUMBERS: dict[str, tuple[type, float | None, float | None]] = {
+    "max_tokens": (int, 1, None),
+    "max_completion_tokens": (int, 1, None),
+    "n": (int, 1, 128),
+    "temperature": (float, 0, 2),
+    "top_p": (float, 0, 1),
+    "presence_penalty": (float, -2, 2),
+    "frequency_penalty": (float, -2, 2),
+    "seed": (int, None, None),
+    "top_logprobs": (int, 0, 20),
+}
+
+
+def _check_text(field_name: str, value: Any) -> None:
+    if isinstance(value, bytes | bytearray):
+        raise ConfigError(field_name, "is bytes; pass text (str), e.g. value.decode('utf-8')")
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ConfigError(
+                field_name,
+                f"is not valid UTF-8 text (a lone surrogate at position {e.start}); clean the string",
+            ) from None
+
+
+def validate_request(messages: Any, kwargs: Mapping[str, Any]) -> None:
+    """Refuse a request LiteLLM could not send, before any attempt: each message must be a
+    mapping with a string ``role`` and text (or content parts) that encodes as UTF-8; LiteLLM's
+    numeric arguments must be finite numbers in range. The error names the field and the fix."""
+    if not isinstance(messages, list) or not messages:
+        raise ConfigError("messages", "expected a non-empty list of chat messages")
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, Mapping):
+            raise ConfigError(
+                where, f"expected a mapping like {{'role': 'user', 'content': '...'}}, got {type(m).__name__}"
+            )
+        role = m.get("role")
+        if not isinstance(role, str) or not role:
+            raise ConfigError(
+                f"{where}.role", "expected a role string ('system', 'user', 'assistant', 'tool')"
+            )
+        content = m.get("content")
+        if isinstance(content, list):
+            for j, part in enumerate(content):
+                if not isinstance(part, Mapping):
+                    raise ConfigError(
+                        f"{where}.content[{j}]",
+                        "expected a content part mapping, e.g. {'type': 'text', 'text': '...'}",
+                    )
+                for key, value in part.items():
+                    _check_text(f"{where}.content[{j}].{key}", value)
+        elif content is not None and not isinstance(content, str):
+            if isinstance(content, bytes | bytearray):
+                _check_text(f"{where}.content", content)
+            raise ConfigError(
+                f"{where}.content", f"expected text or a list of content parts, got {type(content).__name__}"
+            )
+        else:
+            _check_text(f"{where}.content", content)
+    for name, (kind, low, high) in _NUMBERS.items():
+        value = kwargs.get(name)
+        if value is None:
+            continue
+        ok = not isinstance(value, bool) and isinstance(value, int if kind is int else int | float)
+        if ok and kind is float:
+            ok = math.isfinite(value)
+        if ok and ((low is not None and value < low) or (high is not None and value > high)):
+            ok = False
+        if not ok:
+            span = (
+                f" between {low} and {high}"
+                if low is not None and high is not None
+                else (f" >= {low}" if low is not None else "")
+            )
+            raise ConfigError(
+                name, f"expected a finite {'whole ' if kind is int else ''}number{span}, got {value!r}"
+            )
 
 
 def split_options(kwargs: Mapping[str, Any]) -> tuple[CallOptions, dict[str, Any]]:
@@ -225,8 +308,6 @@ def attempt_limit(call: CallState, pol: EffectivePolicy) -> float:
 
 def coarse_timeout(seconds: float, cap: float) -> float:
     """``seconds`` rounded up to a whole second (a tenth below one second), at most ``cap``."""
-    import math
-
     step = 1.0 if seconds >= 1.0 else 0.1
     return min(cap, math.ceil(seconds / step) * step)
 

@@ -287,6 +287,7 @@ def _group_state(engine: Engine, call: CallState, group: str) -> GroupRetryState
         has_fallback=engine.has_fallback(call, group),
         retry_on=engine.retry_on,
         retry_on_max=engine.retry_on_max,
+        has_candidates=lambda: any(d not in call.never_again for d in engine.group_deployments[group]),
     )
 
 

@@ -68,6 +68,7 @@ class Engine:
         retry_on_max: int = 2,
         degrades: bool = True,
         as_itself: Callable[[CallState, Failure], bool] | None = None,
+        avoid_failed: bool = True,
     ) -> None:
         """``spec`` gives the fallback chains (None: no fallbacks); ``policies`` overrides the
         effective policy per group; ``retry_on`` marks caller exceptions retryable (they then
@@ -80,6 +81,9 @@ class Engine:
         self.retry_on = retry_on
         self.retry_on_max = retry_on_max
         self.degrades = degrades
+        # Keep a call off a deployment after a failure its class says not to repeat there (a
+        # router has others; a wrapped Runnable has only itself, so it retries in place).
+        self.avoid_failed = avoid_failed
         # Which failure, if any, the caller sees as itself (see core.final_error).
         self.as_itself: Callable[[CallState, Failure], bool] = as_itself or provider_error_as_itself
         self.clock = clock
@@ -287,7 +291,7 @@ class Engine:
             self.budgets[group].on_failure()
         if dep is not None:
             call.failed.add(dep)
-            if not self.policies[group].classes[failure.error_class].same_deployment:
+            if self.avoid_failed and not self.policies[group].classes[failure.error_class].same_deployment:
                 call.never_again.add(dep)
         sent = actx.sent or (dep is not None and failure.error_class is not ErrorClass.CIRCUIT_OPEN)
         outcome = "failure" if sent else "skipped"

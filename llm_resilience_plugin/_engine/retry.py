@@ -119,6 +119,8 @@ class GroupRetryState:
     # retried up to the class's count when the class retries, else ``retry_on_max`` times.
     retry_on: Callable[[BaseException], bool] | None = None
     retry_on_max: int = 2
+    # Is any deployment of the group left that this call may still try? (None: always.)
+    has_candidates: Callable[[], bool] | None = None
     retries_by_class: dict[ErrorClass, int] = field(default_factory=dict)
     gave_up_reason: str | None = None
 
@@ -127,6 +129,9 @@ class GroupRetryState:
             return False
         f = exc.failure
         cp = self.policy.classes[f.error_class]
+        if self.has_candidates is not None and not self.has_candidates():
+            self.gave_up_reason = "no other deployment of the group left to try: failing over"
+            return False
         if (
             self.retry_on is not None
             and f.error_class is not ErrorClass.CIRCUIT_OPEN

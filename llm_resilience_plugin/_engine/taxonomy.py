@@ -13,11 +13,14 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from llm_resilience_plugin._redaction import redact_mapping, scrub
 from llm_resilience_plugin.errors import (
     BudgetExceededError,
     CircuitOpenError,
+    ConfigError,
     ErrorClass,
     Failure,
+    ResilienceError,
     StreamInterruptedError,
 )
 
@@ -169,12 +172,89 @@ def _class_of(exc: BaseException, status: int | None, message: str) -> ErrorClas
     return ErrorClass.UNKNOWN
 
 
+_MISSING_CREDENTIALS_RE = re.compile(
+    r"missing credentials|api_key client option must be set|no api key provided", re.IGNORECASE
+)
+# Where a request that reached the network fails: transports, HTTP statuses, the OS, timeouts.
+_TRANSPORT_MODULES = ("httpx", "aiohttp", "httpcore", "h11", "ssl", "socket")
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    seen: list[BaseException] = []
+    cur: BaseException | None = exc
+    while cur is not None and cur not in seen and len(seen) < 20:
+        seen.append(cur)
+        cur = cur.__cause__ or cur.__context__
+    return seen
+
+
+def raised_before_sending(exc: BaseException) -> bool:
+    """Did ``exc`` happen in this process before any byte reached a provider?
+
+    LiteLLM wraps errors raised while building a request (a message that is not a dict, a lone
+    surrogate, ``bytes`` content, a NaN ``max_tokens``, missing credentials, credentials in the
+    URL together with an Authorization header) as a 500 with no real response. Their cause chain
+    holds no transport error, no HTTP status error and no OS error, and ends in a plain Python
+    error (or says the credentials are missing). Such errors are the caller's, never the
+    deployment's.
+    """
+    chain = _chain(exc)
+    if type(exc).__module__.split(".")[0] not in ("litellm", "openai"):
+        return False  # not a request LiteLLM tried to build (e.g. a bug in a wrapped Runnable)
+    for e in chain:
+        module = type(e).__module__.split(".")[0]
+        if module in _TRANSPORT_MODULES or isinstance(e, OSError | TimeoutError | asyncio.TimeoutError):
+            return False
+        if (
+            type(e).__name__ in ("APIConnectionError", "APITimeoutError", "APIStatusError")
+            and module == "openai"
+        ):
+            return False
+        if getattr(e, "status_code", None) not in (None, 500) and module != "litellm":
+            return False
+    root = chain[-1]
+    if _MISSING_CREDENTIALS_RE.search(_message_of(exc)):
+        return True
+    return type(root).__module__ == "builtins" and isinstance(
+        root, TypeError | ValueError | AttributeError | KeyError | UnicodeError | IndexError
+    )
+
+
+def scrub_exception(exc: BaseException) -> None:
+    """Redact secrets from the text of ``exc`` and its causes, in place (``args``, ``message``,
+    ``body``), so an error raised to the caller as itself carries no key either."""
+    for e in _chain(exc):
+        try:
+            if any(isinstance(a, str) for a in e.args):
+                e.args = tuple(scrub(a) if isinstance(a, str) else a for a in e.args)
+            for attr in ("message", "body"):
+                value = getattr(e, attr, None)
+                if isinstance(value, str):
+                    setattr(e, attr, scrub(value))
+                elif isinstance(value, dict):
+                    setattr(e, attr, redact_mapping(value))
+        except (AttributeError, TypeError, ValueError):  # read-only or frozen: leave it
+            continue
+
+
 def classify(exc: BaseException) -> Failure:
-    """Classify ``exc`` into one :class:`Failure` (class, status, message, Retry-After)."""
+    """Classify ``exc`` into one :class:`Failure` (class, status, message, Retry-After).
+
+    The message is redacted here, where provider text enters the plugin's records: registered
+    secrets (the routers' API keys) and key-shaped tokens never reach a report, an event or an
+    error built from it.
+    """
     if isinstance(exc, StreamInterruptedError):
         return classify(exc.cause)
-    status = _status_of(exc)
+    scrub_exception(exc)
     message = _message_of(exc)
+    if not isinstance(exc, ResilienceError) and raised_before_sending(exc):
+        if _MISSING_CREDENTIALS_RE.search(message):
+            err = ConfigError("api_key", f"the deployment has no credentials ({message}); set its api_key")
+            err.__cause__ = exc
+            return Failure(ErrorClass.BAD_REQUEST, None, str(err), None, err)
+        return Failure(ErrorClass.BAD_REQUEST, None, f"rejected before sending: {message}", None, exc)
+    status = _status_of(exc)
     error_class = _class_of(exc, status, message)
     retry_after = retry_after_of(exc) if error_class in (ErrorClass.RATE_LIMIT, ErrorClass.SERVER) else None
     return Failure(error_class, status, message, retry_after, exc)

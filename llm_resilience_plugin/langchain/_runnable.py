@@ -306,6 +306,7 @@ class ResilientRunnable(Runnable[Input, Output]):
             retry_on_max=max_retries if max_retries is not None else _DEFAULT_EXTRA_RETRIES,
             degrades=False,
             as_itself=self._as_itself,
+            avoid_failed=False,
         )
         self.engine.dispatcher = _RunnableDispatcher(self)
         self.events = self.engine.events

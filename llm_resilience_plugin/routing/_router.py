@@ -12,6 +12,7 @@ import asyncio
 import copy
 import functools
 import itertools
+import os
 import uuid
 import weakref
 from collections.abc import Callable, Mapping
@@ -29,13 +30,14 @@ from llm_resilience_plugin._engine.core import (
     CallState,
     positive_seconds,
     split_options,
+    validate_request,
 )
 from llm_resilience_plugin._engine.drivers import SyncRunner, walk_routes
 from llm_resilience_plugin._engine.engine import Engine
 from llm_resilience_plugin._engine.idempotency import IdempotencyStore, SingleFlight, fingerprint, open_store
 from llm_resilience_plugin._engine.retry import RetryBudget
 from llm_resilience_plugin._env import allow_loopback
-from llm_resilience_plugin._redaction import safe_metadata
+from llm_resilience_plugin._redaction import mask_url, register_secret, safe_metadata, url_has_credentials
 from llm_resilience_plugin.errors import ConfigError, LoadShedError, UnknownModelGroupError
 from llm_resilience_plugin.events import (
     REPORT_KEY,
@@ -68,19 +70,41 @@ _CALL_IDS = itertools.count(1)
 
 
 def _deployment_info(d: Mapping[str, Any]) -> DeploymentInfo:
-    """What the plugin keeps of one of LiteLLM's deployment dicts: no key, secret or token."""
-    params = {**(d.get("model_info") or {}), **d["litellm_params"]}
+    """What the plugin keeps of one of LiteLLM's deployment dicts: no key, secret or token, and
+    no credentials in URLs (the keys are registered for scrubbing from every record)."""
+    lp = d["litellm_params"]
+    for name, value in lp.items():
+        if isinstance(value, str) and (
+            "key" in name or "secret" in name or "token" in name.replace("per_token", "")
+        ):
+            register_secret(
+                os.environ.get(value[len("os.environ/") :]) if value.startswith("os.environ/") else value
+            )
+    params = {**(d.get("model_info") or {}), **lp}
     return DeploymentInfo(
         id=str((d.get("model_info") or {}).get("id")),
         model_group=d["model_name"],
-        model=d["litellm_params"]["model"],
-        api_base=d["litellm_params"].get("api_base"),
+        model=lp["model"],
+        api_base=mask_url(lp.get("api_base")),
         params={
-            k: v
+            k: (mask_url(v) if isinstance(v, str) else v)
             for k, v in params.items()
             if "key" not in k and "secret" not in k and "token" not in k.replace("per_token", "")
         },
     )
+
+
+def _refuse_url_credentials(model_list: list[dict[str, Any]]) -> None:
+    """Credentials in ``api_base`` next to an ``api_key`` make the HTTP client refuse every request
+    (it cannot send both): say so at construction, naming the deployment."""
+    for i, d in enumerate(model_list):
+        lp = d.get("litellm_params") or {}
+        if url_has_credentials(lp.get("api_base")) and lp.get("api_key"):
+            raise ConfigError(
+                f"model_list[{i}].litellm_params.api_base",
+                "has credentials before the host and the deployment also has an api_key; the HTTP "
+                "client refuses to send both: remove the user:password@ part",
+            )
 
 
 def _release(sync: SyncRunner) -> None:
@@ -176,6 +200,7 @@ class ResilientRouter:
         allow_loopback()
         self.spec = spec
         self.policy = spec.policy
+        _refuse_url_credentials(spec.model_list)
         self._router = litellm.Router(
             model_list=copy.deepcopy(spec.model_list),
             **spec.router_settings,
@@ -338,8 +363,7 @@ class ResilientRouter:
     ) -> tuple[CallState, dict[str, Any]]:
         """Validate the call (nothing is sent on bad input) and split plugin options from kwargs."""
         self._check_group(model)
-        if not isinstance(messages, list) or not messages:
-            raise ConfigError("messages", "expected a non-empty list of chat messages")
+        validate_request(messages, kwargs)
         if deadline is not None:
             deadline = positive_seconds("deadline", deadline)
         if kwargs and (not OPTION_KEYS.isdisjoint(kwargs) or "timeout" in kwargs):

@@ -1,0 +1,175 @@
+"""Trust: no secret leaves, no caller mistake counts against a deployment, errors say what
+happened. Each test plants the problem through the real simulator over loopback."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import litellm
+import pytest
+
+from llm_resilience_plugin import (
+    AllRoutesFailedError,
+    ConfigError,
+    DeadlineExceededError,
+    ErrorClass,
+    ResilientRouter,
+    get_report,
+)
+from llm_resilience_plugin.testing import Fault, ProviderSimulator
+from tests.conftest import FAST_POLICY, MSG, RouterFactory, deployment
+
+# A key that does not look like one (only registration can catch it) and one that does.
+PLAIN_KEY = "live-9f8e7d6c5b4a3210fedc"
+SHAPED_KEY = "sk-live-abcdefghijklmnop0123"
+
+
+def _echoing_router(sim: ProviderSimulator, **kw: Any) -> ResilientRouter:
+    model_list = [
+        {
+            **deployment(sim, "primary", "a"),
+            "litellm_params": {**deployment(sim, "primary", "a")["litellm_params"], "api_key": PLAIN_KEY},
+        },
+        deployment(sim, "backup", "b"),
+    ]
+    return ResilientRouter(
+        model_list=model_list, policy=FAST_POLICY, fallbacks=[{"primary": ["backup"]}], **kw
+    )
+
+
+def _assert_clean(text: str) -> None:
+    assert PLAIN_KEY not in text and SHAPED_KEY not in text, text
+
+
+async def test_a_provider_echoing_the_key_never_reaches_reports_errors_or_responses(
+    sim: ProviderSimulator,
+) -> None:
+    router = _echoing_router(sim)
+    echo = f"Incorrect API key provided: {PLAIN_KEY}; also Bearer {SHAPED_KEY}"
+    sim.set_default("a", Fault.http_error(500, message=echo))
+    try:
+        # Served by the fallback: the failed attempt's message is in the report and the response.
+        resp = await router.acompletion(model="primary", messages=MSG)
+        report = get_report(resp)
+        assert report is not None and report.served_group == "backup"
+        _assert_clean(json.dumps(report.to_dict(), default=str))
+        _assert_clean(str(resp._hidden_params))
+        # Nothing serves it: the error lists every attempt.
+        sim.set_default("b", Fault.http_error(503, message=echo))
+        with pytest.raises(AllRoutesFailedError) as info:
+            await router.acompletion(model="primary", messages=MSG)
+        _assert_clean(str(info.value))
+        _assert_clean(repr(info.value.attempts))
+        _assert_clean(str(info.value.__cause__))
+    finally:
+        router.close()
+    # Raised as itself (a caller's error): the provider's own exception is clean too.
+    router = _echoing_router(sim)
+    sim.set_default("a", Fault.http_error(400, message=echo))
+    try:
+        with pytest.raises(litellm.BadRequestError) as bad:
+            await router.acompletion(model="primary", messages=MSG)
+        _assert_clean(str(bad.value))
+        _assert_clean(json.dumps(get_report(bad.value).to_dict(), default=str))  # type: ignore[union-attr]
+    finally:
+        router.close()
+
+
+def test_url_credentials_are_masked_or_refused(sim: ProviderSimulator) -> None:
+    base = sim.api_base("a").replace("http://", "http://user:hunter2@")
+    with pytest.raises(ConfigError) as info:
+        ResilientRouter(model_list=[{**deployment(sim, "g", "a", api_base=base)}])
+    assert "api_base" in info.value.field and "hunter2" not in str(info.value)
+    no_key = deployment(sim, "g", "a", api_base=base)
+    del no_key["litellm_params"]["api_key"]
+    router = ResilientRouter(model_list=[no_key])
+    try:
+        shown = repr(router.deployments())
+        assert "hunter2" not in shown and "***@" in shown
+    finally:
+        router.close()
+
+
+BAD_CALLS: list[tuple[str, list[Any], dict[str, Any]]] = [
+    ("messages[0]", [42], {}),
+    ("messages[0].content", [{"role": "user", "content": "\udcff"}], {}),
+    ("messages[0].content", [{"role": "user", "content": b"hi"}], {}),
+    ("messages[0].role", [{"content": "hi"}], {}),
+    ("max_tokens", MSG, {"max_tokens": math.nan}),
+    ("max_tokens", MSG, {"max_tokens": math.inf}),
+    ("temperature", MSG, {"temperature": True}),
+    ("deadline", MSG, {"deadline": math.nan}),
+    ("deadline", MSG, {"deadline": math.inf}),
+    ("attempt_timeout", MSG, {"attempt_timeout": math.nan}),
+]
+
+
+@pytest.mark.parametrize(
+    ("field", "messages", "kwargs"), BAD_CALLS, ids=[f"{b[0]}-{i}" for i, b in enumerate(BAD_CALLS)]
+)
+async def test_a_callers_mistake_is_refused_before_any_request(
+    make_router: RouterFactory,
+    sim: ProviderSimulator,
+    field: str,
+    messages: list[Any],
+    kwargs: dict[str, Any],
+) -> None:
+    router = make_router({"primary": ["a"]})
+    for _ in range(3):  # three bad calls: the breaker (fail_max 3) must not move
+        with pytest.raises(ConfigError) as info:
+            await router.acompletion(model="primary", messages=messages, **kwargs)
+        assert info.value.field == field
+    assert sim.requests() == []
+    assert router.breakers()["a"]["state"] == "closed" and router.breakers()["a"]["fail_counter"] == 0
+
+
+async def test_missing_credentials_are_a_config_error_not_a_provider_failure(
+    sim: ProviderSimulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("LLM_RESILIENCE_UNSET_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    dep = deployment(sim, "primary", "a", api_key="os.environ/LLM_RESILIENCE_UNSET_KEY")
+    router = ResilientRouter(model_list=[dep], policy=FAST_POLICY)
+    try:
+        for _ in range(3):
+            with pytest.raises(ConfigError) as info:
+                await router.acompletion(model="primary", messages=MSG)
+            assert info.value.field == "api_key"
+            report = get_report(info.value)
+            assert report is not None and len(report.attempts) == 1  # not retried
+            assert (
+                report.attempts[0].error_class is ErrorClass.BAD_REQUEST and report.attempts[0].status is None
+            )
+        assert sim.requests() == []
+        assert router.breakers()["a"]["fail_counter"] == 0
+    finally:
+        router.close()
+
+
+async def test_a_deadline_too_short_for_any_attempt_is_a_deadline_error(
+    make_router: RouterFactory, sim
+) -> None:
+    router = make_router({"primary": ["a"]})
+    with pytest.raises(DeadlineExceededError) as info:
+        await router.acompletion(model="primary", messages=MSG, deadline=0.001)
+    assert isinstance(info.value, TimeoutError)
+    assert sim.requests() == []
+
+
+async def test_a_timeout_on_a_single_deployment_group_is_reported_as_a_timeout(
+    make_router: RouterFactory, sim
+) -> None:
+    router = make_router(
+        {"primary": ["a"], "backup": ["b"]},
+        fallbacks=[{"primary": ["backup"]}],
+        policy={"attempt_timeout": 0.2},
+    )
+    sim.set_default("a", Fault.silence(5))
+    resp = await router.acompletion(model="primary", messages=MSG)
+    report = get_report(resp)
+    assert report is not None and report.served_group == "backup"
+    classes = [a.error_class for a in report.attempts if a.model_group == "primary"]
+    assert classes == [ErrorClass.TIMEOUT]  # no 'circuit_open' skip: the group had nowhere else to go
+    assert router.breakers()["a"]["state"] == "closed"
