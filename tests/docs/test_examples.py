@@ -11,6 +11,7 @@ compile, and YAML blocks must parse.
 from __future__ import annotations
 
 import ast
+import importlib
 import os
 import re
 import subprocess
@@ -138,8 +139,14 @@ def test_example_runs(block: Block, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("block", NOT_RUN_PYTHON, ids=lambda b: b.where)
 def test_fragment_compiles(block: Block) -> None:
-    """Blocks marked *not run* (they need a real provider or stand for a part) are still Python."""
-    compile(block.code, block.where, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+    """Blocks marked *not run* (they need a real provider or stand for a part) are still Python,
+    and the names they import from this package exist where they import them from."""
+    tree = compile(block.code, block.where, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT | ast.PyCF_ONLY_AST)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("llm_resilience_plugin"):
+            module = importlib.import_module(node.module or "")
+            missing = [a.name for a in node.names if not hasattr(module, a.name)]
+            assert not missing, f"{block.where}: {node.module} has no {missing}"
 
 
 @pytest.mark.parametrize("block", YAML_BLOCKS, ids=lambda b: b.where)
