@@ -114,6 +114,10 @@ class BreakerBackend(ABC):
         without the breaker's lock, so only from state held in this process)."""
         return False
 
+    def has_expired_probe(self, now: float) -> bool:
+        """Is a probe slot held by a probe past its lease (so :meth:`admit` would free it)?"""
+        return False
+
     def observed(self) -> list[Change]:
         """Changes made elsewhere (other processes) that this process has seen since the last call."""
         return []
@@ -137,10 +141,14 @@ class MemoryBreakerBackend(BreakerBackend):
         *,
         storage: pybreaker.CircuitBreakerStorage | None = None,
         generation: int = 0,
+        probe_lease: float | None = None,
     ) -> None:
+        """``probe_lease``: seconds after which a half-open probe that never reported back (a
+        stream the caller dropped, a task that vanished) frees its slot; None keeps it until then."""
         self.policy = policy
         self._generation = generation
-        self._probes = 0
+        self._probe_lease = probe_lease
+        self._probe_started: list[float] = []  # when each probe in flight was admitted
         self._cb = pybreaker.CircuitBreaker(
             fail_max=policy.fail_max,
             reset_timeout=policy.reset_timeout,
@@ -187,7 +195,7 @@ class MemoryBreakerBackend(BreakerBackend):
             fail_counter=self._storage.counter,
             success_counter=self._storage.success_counter,
             opened_at=self._opened_at(),
-            probes=self._probes,
+            probes=len(self._probe_started),
         )
 
     def admit(self, now: float) -> tuple[Admission | None, list[Change]]:
@@ -200,9 +208,12 @@ class MemoryBreakerBackend(BreakerBackend):
             if now < self._opened_at() + self.policy.reset_timeout:
                 return None, changes
             self._transition(self._cb.half_open, changes)
-        if self._probes >= self.policy.half_open_max_probes:
+        lease = self._probe_lease
+        if lease is not None:  # a probe that never reported back within its lease is gone
+            self._probe_started = [t for t in self._probe_started if now - t < lease]
+        if len(self._probe_started) >= self.policy.half_open_max_probes:
             return None, changes
-        self._probes += 1
+        self._probe_started.append(now)
         return Admission(name, self._generation, probe=True), changes
 
     def success_is_noop(self, admission: Admission) -> bool:
@@ -219,7 +230,7 @@ class MemoryBreakerBackend(BreakerBackend):
         if admission.generation != self._generation:
             return changes  # admitted under an older state: its outcome says nothing about now
         if admission.probe:
-            self._probes = max(0, self._probes - 1)
+            self._free_probe()
             self._storage.increment_success_counter()
             if self._storage.success_counter >= self.policy.success_threshold:
                 self._transition(self._cb.close, changes)
@@ -232,7 +243,7 @@ class MemoryBreakerBackend(BreakerBackend):
         if admission.generation != self._generation:
             return changes
         if admission.probe:
-            self._probes = max(0, self._probes - 1)
+            self._free_probe()
             self._trip(now, changes)
             return changes
         self._storage.increment_counter()
@@ -242,8 +253,16 @@ class MemoryBreakerBackend(BreakerBackend):
 
     def release(self, admission: Admission) -> list[Change]:
         if admission.probe and admission.generation == self._generation:
-            self._probes = max(0, self._probes - 1)
+            self._free_probe()
         return []
+
+    def has_expired_probe(self, now: float) -> bool:
+        lease = self._probe_lease
+        return lease is not None and any(now - t >= lease for t in self._probe_started)
+
+    def _free_probe(self) -> None:
+        if self._probe_started:
+            self._probe_started.pop(0)
 
     def _trip(self, now: float, changes: list[Change]) -> None:
         self._transition(self._cb.open, changes)
@@ -254,7 +273,7 @@ class MemoryBreakerBackend(BreakerBackend):
         old = self._cb.current_state
         action()
         self._generation += 1
-        self._probes = 0
+        self._probe_started = []
         new = self._cb.current_state
         if old != new:
             changes.append(Change(old, new, self._storage.counter))
@@ -273,6 +292,7 @@ class DeploymentBreaker:
         on_transition: TransitionListener | None = None,
         storage: pybreaker.CircuitBreakerStorage | None = None,
         backend: BreakerBackend | None = None,
+        probe_lease: float | None = None,
     ) -> None:
         self.deployment_id = deployment_id
         self.model_group = model_group
@@ -283,7 +303,9 @@ class DeploymentBreaker:
         self._hold_until = 0.0
         if backend is not None and storage is not None:
             raise ValueError("pass a pybreaker storage or a backend, not both")
-        self.backend: BreakerBackend = backend or MemoryBreakerBackend(deployment_id, policy, storage=storage)
+        self.backend: BreakerBackend = backend or MemoryBreakerBackend(
+            deployment_id, policy, storage=storage, probe_lease=probe_lease
+        )
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -327,7 +349,7 @@ class DeploymentBreaker:
             return True
         if v.state == OPEN:
             return now >= v.opened_at + self.policy.reset_timeout
-        return v.probes < self.policy.half_open_max_probes
+        return v.probes < self.policy.half_open_max_probes or self.backend.has_expired_probe(now)
 
     def hold(self, seconds: float) -> None:
         """Ask the router to avoid this deployment for ``seconds`` (a Retry-After), if it can."""

@@ -117,6 +117,7 @@ class Engine:
                     eff.breaker,
                     clock=self.clock.wall,
                     on_transition=self.on_transition,
+                    probe_lease=eff.deadline,  # a probe no one reports on frees its slot by then
                     backend=backend_for(info, eff) if backend_for is not None else None,
                 )
             )

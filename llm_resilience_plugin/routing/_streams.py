@@ -10,6 +10,7 @@ over on another route. A stream that ends without a finish reason is never a suc
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -61,6 +62,14 @@ async def prefetch_stream(stream: Any) -> Prefetched:
             return Prefetched(stream, buffered, done=False)
 
 
+def _abandon(engine: Engine, actx: AttemptContext) -> None:
+    """A stream nobody finished: free its breaker ticket; the guards settle their estimate (the
+    request was sent and may be billed)."""
+    engine.release(actx.admission)
+    if actx.guard_tokens:
+        actx.settle_guards(None, None, None)
+
+
 class ResilientStream:
     """An async iterator of LiteLLM chunks (see the module docstring for the guarantees)."""
 
@@ -96,6 +105,9 @@ class ResilientStream:
         self.report = ctx.report
         self.report.ttft_s = ttft
         self.usage: dict[str, int] | None = None
+        # A stream dropped without being read to its end or closed still lets go of its breaker
+        # ticket (a half-open probe) and settles its cost reservation, when it is collected.
+        self._abandoned = weakref.finalize(self, _abandon, engine, actx)
 
     def bind_restart(self, messages: list[dict[str, Any]], kwargs: dict[str, Any]) -> None:
         """What a restart needs to send the request again from scratch."""
@@ -237,6 +249,7 @@ class ResilientStream:
         if self._closed:
             return
         self._closed = True
+        self._abandoned.detach()
         engine = self._engine
         latency = engine.clock.monotonic() - self._t0
         engine.attempt_succeeded(
@@ -262,6 +275,7 @@ class ResilientStream:
         if self._closed:
             return
         self._closed = True
+        self._abandoned.detach()
         engine = self._engine
         failure = classify(exc)
         latency = engine.clock.monotonic() - self._t0
@@ -287,6 +301,7 @@ class ResilientStream:
         if self._closed:
             return
         self._closed = True
+        self._abandoned.detach()
         adm = self._actx.admission
         if adm is not None:
             self._engine.release(adm)

@@ -173,3 +173,47 @@ async def test_a_timeout_on_a_single_deployment_group_is_reported_as_a_timeout(
     classes = [a.error_class for a in report.attempts if a.model_group == "primary"]
     assert classes == [ErrorClass.TIMEOUT]  # no 'circuit_open' skip: the group had nowhere else to go
     assert router.breakers()["a"]["state"] == "closed"
+
+
+async def _open_breaker(router: ResilientRouter, sim: ProviderSimulator, clock: Any) -> None:
+    sim.set_default("a", Fault.server_error(500))
+    with pytest.raises(AllRoutesFailedError):
+        await router.acompletion(model="primary", messages=MSG)
+    assert router.breakers()["a"]["state"] == "open"
+    sim.set_default("a", Fault.ok())
+    clock.advance(6)  # past FAST_POLICY's reset_timeout (5 s): the next call is a probe
+
+
+async def test_a_dropped_probe_stream_does_not_wedge_the_breaker(make_router: RouterFactory, sim) -> None:
+    import gc
+
+    from llm_resilience_plugin.testing import FakeClock
+
+    clock = FakeClock()
+    router = make_router({"primary": ["a"]}, clock=clock)
+    await _open_breaker(router, sim, clock)
+    stream = await router.acompletion(model="primary", messages=MSG, stream=True)
+    assert router.breakers()["a"]["probes_in_flight"] == 1
+    del stream  # dropped: never iterated, never closed
+    gc.collect()
+    assert router.breakers()["a"]["probes_in_flight"] == 0
+    resp = await router.acompletion(model="primary", messages=MSG)  # admitted as the next probe
+    assert get_report(resp).deployment_id == "a"  # type: ignore[union-attr]
+    assert router.breakers()["a"]["state"] == "closed"
+
+
+async def test_a_probe_that_never_reports_back_frees_its_slot_after_its_lease(
+    make_router: RouterFactory, sim
+) -> None:
+    from llm_resilience_plugin.testing import FakeClock
+
+    clock = FakeClock()
+    router = make_router({"primary": ["a"]}, clock=clock)
+    await _open_breaker(router, sim, clock)
+    kept = await router.acompletion(model="primary", messages=MSG, stream=True)  # held, never read
+    with pytest.raises(AllRoutesFailedError):  # its slot is taken: nothing else is admitted
+        await router.acompletion(model="primary", messages=MSG)
+    clock.advance(11)  # past the probe's lease (the call deadline, 10 s in FAST_POLICY)
+    resp = await router.acompletion(model="primary", messages=MSG)
+    assert get_report(resp).deployment_id == "a"  # type: ignore[union-attr]
+    await kept.aclose()
