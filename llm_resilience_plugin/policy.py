@@ -7,20 +7,34 @@ Everything a user can get wrong is checked here, before a request is sent, and r
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from functools import cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, model_validator
 
+from llm_resilience_plugin._problems import (
+    Problem,
+    closest,
+    field_path,
+    pydantic_problems,
+    raise_errors,
+)
 from llm_resilience_plugin.errors import ConfigError, ErrorClass
 
 Action = Literal["retry", "failover", "fail"]
+# Error classes are keys written as strings in YAML: matched by value, everything else is strict.
+ClassKey = Annotated[ErrorClass, Strict(False)]
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    """Strict: ``true`` or ``"10"`` is not a number, ``"yes"`` not a bool, NaN/inf not a time."""
+
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, validate_default=True, strict=True, allow_inf_nan=False
+    )
 
 
 class ClassPolicy(_Model):
@@ -133,7 +147,7 @@ class DegradationPolicy(_Model):
     static_answers: dict[str, str] = Field(
         default_factory=dict, description="Scenario key -> text returned when every route fails."
     )
-    levels: dict[int, LevelDegradation] = Field(default_factory=dict)
+    levels: dict[Annotated[int, Strict(False)], LevelDegradation] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _levels_positive(self) -> DegradationPolicy:
@@ -182,7 +196,7 @@ class GroupPolicy(_Model):
     degradation: DegradationPolicy | None = None
     restart_broken_streams: bool | None = None
     continue_streams_with_prefill: bool | None = None
-    classes: dict[ErrorClass, ClassPolicy] = Field(default_factory=dict)
+    classes: dict[ClassKey, ClassPolicy] = Field(default_factory=dict)
 
 
 # -- shared state on Redis (issue #6; see docs/scaling-out.md) --------------------------------------
@@ -242,7 +256,7 @@ class ResiliencePolicy(_Model):
     degradation: DegradationPolicy = Field(default_factory=DegradationPolicy)
     restart_broken_streams: bool = False
     continue_streams_with_prefill: bool = False
-    classes: dict[ErrorClass, ClassPolicy] = Field(default_factory=_default_class_policies)
+    classes: dict[ClassKey, ClassPolicy] = Field(default_factory=_default_class_policies)
     tiers: dict[str, TierPolicy] = Field(default_factory=_default_tiers)
     default_tier: str | None = None
     max_fallbacks: int = Field(default=5, ge=0, le=50)
@@ -325,6 +339,27 @@ OWNED_ROUTER_SETTINGS = frozenset(
         "enable_mid_stream_fallback_continuation",
     }
 )
+_FALLBACK_KEYS = ("fallbacks", "context_window_fallbacks", "content_policy_fallbacks")
+# Owned settings that are ignored (the fallback lists are read): where to say it instead.
+_INSTEAD = {
+    "num_retries": "resilience.classes.<class>.max_retries",
+    "retry_policy": "resilience.classes",
+    "model_group_retry_policy": "resilience.groups.<group>.classes",
+    "allowed_fails": "resilience.breaker.fail_max",
+    "allowed_fails_policy": "resilience.breaker.fail_max",
+    "cooldown_time": "resilience.breaker.reset_timeout",
+    "max_fallbacks": "resilience.max_fallbacks",
+    "retry_after": "resilience.backoff",
+}
+TOP_LEVEL_KEYS = (
+    "model_list",
+    "router_settings",
+    "resilience",
+    "cost",
+    "litellm_settings",
+    "general_settings",
+    "environment_variables",
+)
 
 
 class RouterSpec(_Model):
@@ -337,6 +372,9 @@ class RouterSpec(_Model):
     content_policy_fallbacks: FallbackMap = Field(default_factory=dict)
     default_fallbacks: list[str] = Field(default_factory=list)
     policy: ResiliencePolicy = Field(default_factory=ResiliencePolicy)
+    cost: dict[str, Any] | None = Field(
+        default=None, description="The config's cost: section, validated by llm_resilience_plugin.cost."
+    )
 
     @property
     def groups(self) -> list[str]:
@@ -360,99 +398,171 @@ class RouterSpec(_Model):
         return [g for g in self.default_fallbacks if g != group]
 
 
-def _check_spec(self: RouterSpec) -> None:
-    """Cross-field checks, each raising ConfigError(field, fix)."""
-    for i, d in enumerate(self.model_list):
-        if not isinstance(d, Mapping):
-            raise ConfigError(f"model_list[{i}]", "must be a mapping with model_name and litellm_params")
-        if not isinstance(d.get("model_name"), str) or not d["model_name"]:
-            raise ConfigError(f"model_list[{i}].model_name", "is required (the model group name)")
-        params = d.get("litellm_params")
-        if not isinstance(params, Mapping) or not isinstance(params.get("model"), str):
-            raise ConfigError(
-                f"model_list[{i}].litellm_params.model", "is required, e.g. 'openai/gpt-4o-mini'"
-            )
-        info = d.get("model_info")
-        if info is not None and not isinstance(info, Mapping):
-            raise ConfigError(f"model_list[{i}].model_info", "must be a mapping")
-    groups = set(self.groups)
-    known = ", ".join(sorted(groups))
-    ids = [(d.get("model_info") or {}).get("id") for d in self.model_list]
-    dup = {i for i in ids if i is not None and ids.count(i) > 1}
-    if dup:
-        raise ConfigError("model_list", f"model_info.id must be unique, repeated: {sorted(dup)}")
-    for key in ("fallbacks", "context_window_fallbacks", "content_policy_fallbacks"):
-        for src, targets in getattr(self, key).items():
-            if src not in groups:
-                raise ConfigError(f"{key}", f"unknown model group {src!r}; known groups: {known}")
-            for t in targets:
-                if t not in groups:
-                    raise ConfigError(f"{key}.{src}", f"unknown fallback group {t!r}; known groups: {known}")
-                if t == src:
-                    raise ConfigError(f"{key}.{src}", "a group cannot fall back to itself")
-    for t in self.default_fallbacks:
-        if t not in groups:
-            raise ConfigError("default_fallbacks", f"unknown model group {t!r}; known groups: {known}")
-    for g in self.policy.groups:
-        if g not in groups:
-            raise ConfigError("resilience.groups", f"unknown model group {g!r}; known groups: {known}")
+@cache
+def router_setting_names() -> frozenset[str]:
+    """The keyword arguments ``litellm.Router`` accepts (imported here, when a config needs it)."""
+    import inspect
+
+    import litellm
+
+    return frozenset(inspect.signature(litellm.Router.__init__).parameters) - {"self", "model_list"}
 
 
-def _fallback_map(value: Any, field: str) -> FallbackMap:
-    """Accept LiteLLM's list-of-single-key-dicts form as well as a plain mapping."""
+def _fallback_map(value: Any, field: str, problems: list[Problem]) -> FallbackMap:
+    """LiteLLM's list of single-key mappings, ``[{'primary': ['backup']}]``, as a mapping."""
+    out: FallbackMap = {}
     if value is None:
-        return {}
+        return out
     if isinstance(value, Mapping):
-        items = list(value.items())
-    elif isinstance(value, Sequence) and not isinstance(value, str):
-        items = []
-        for i, entry in enumerate(value):
-            if not isinstance(entry, Mapping):
-                raise ConfigError(
-                    f"{field}[{i}]",
+        fix = [{str(k): v} for k, v in value.items()] or [{"primary": ["backup"]}]
+        problems.append(
+            Problem(field, f"expected a list of single-key mappings, as LiteLLM reads it: write {fix}")
+        )
+        return out
+    if not isinstance(value, list | tuple):
+        problems.append(Problem(field, "expected a list like [{'primary': ['backup']}]"))
+        return out
+    for i, entry in enumerate(value):
+        if not isinstance(entry, Mapping):
+            problems.append(
+                Problem(
+                    field_path(field, i),
                     f"expected a mapping like {{'primary': ['backup']}}, got {type(entry).__name__}",
                 )
-            items.extend(entry.items())
-    else:
-        raise ConfigError(field, "expected a list like [{'primary': ['backup']}]")
-    out: FallbackMap = {}
-    for src, targets in items:
-        if isinstance(targets, str):
-            targets = [targets]
-        if not isinstance(targets, Sequence) or not all(isinstance(t, str) for t in targets):
-            raise ConfigError(f"{field}.{src}", "expected a list of model group names")
-        out.setdefault(str(src), []).extend(targets)
+            )
+            continue
+        if len(entry) != 1:
+            split = [{str(k): v} for k, v in entry.items()]
+            problems.append(Problem(field_path(field, i), f"one group per entry: write {split}"))
+            continue
+        for src, targets in entry.items():
+            if isinstance(targets, str):
+                targets = [targets]
+            if not isinstance(targets, list | tuple) or not all(isinstance(t, str) for t in targets):
+                problems.append(Problem(f"{field}.{src}", "expected a list of model group names"))
+                continue
+            out.setdefault(str(src), []).extend(targets)
     return out
 
 
-def _format_validation_error(err: ValidationError, prefix: str) -> ConfigError:
-    first = err.errors()[0]
-    loc = ".".join(str(p) for p in first["loc"] if p != "__root__")
-    field = f"{prefix}.{loc}" if prefix and loc else (prefix or loc or "config")
-    msg = first["msg"].removeprefix("Value error, ")
-    hint = ""
-    if first["type"] == "extra_forbidden":
-        hint = " (unknown field: check the spelling against README 'Configuration')"
-    if len(err.errors()) > 1:
-        hint += f" (+{len(err.errors()) - 1} more problem(s))"
-    return ConfigError(field, msg + hint)
+def _cycles(graph: FallbackMap) -> list[list[str]]:
+    """Each cycle of ``graph`` once, as ``[a, b, a]`` starting from its smallest name."""
+    found: dict[tuple[str, ...], list[str]] = {}
+
+    def walk(node: str, path: list[str]) -> None:
+        for nxt in graph.get(node, []):
+            if nxt in path:
+                cycle = path[path.index(nxt) :]
+                start = cycle.index(min(cycle))
+                ring = cycle[start:] + cycle[:start]
+                found.setdefault(tuple(ring), [*ring, ring[0]])
+            elif len(path) < 50:
+                walk(nxt, [*path, nxt])
+
+    for src in graph:
+        walk(src, [src])
+    return list(found.values())
+
+
+def _model_list_problems(model_list: Any) -> tuple[list[str], list[Problem]]:
+    """The group names of a ``model_list`` and what is wrong with its entries."""
+    problems: list[Problem] = []
+    if not isinstance(model_list, list) or not model_list:
+        return [], [Problem("model_list", "expected a non-empty list of deployments")]
+    groups: dict[str, None] = {}
+    ids: dict[str, int] = {}
+    for i, d in enumerate(model_list):
+        where = f"model_list[{i}]"
+        if not isinstance(d, Mapping):
+            problems.append(Problem(where, "must be a mapping with model_name and litellm_params"))
+            continue
+        unknown = set(d) - {"model_name", "litellm_params", "model_info"}
+        for key in sorted(map(str, unknown)):
+            hint = closest(key, ["model_name", "litellm_params", "model_info"])
+            problems.append(Problem(f"{where}.{key}", "unknown deployment key" + hint))
+        if not isinstance(d.get("model_name"), str) or not d["model_name"]:
+            problems.append(Problem(f"{where}.model_name", "is required (the model group name)"))
+        else:
+            groups.setdefault(d["model_name"], None)
+        params = d.get("litellm_params")
+        if not isinstance(params, Mapping) or not isinstance(params.get("model"), str):
+            problems.append(
+                Problem(f"{where}.litellm_params.model", "is required, e.g. 'openai/gpt-4o-mini'")
+            )
+        info = d.get("model_info")
+        if info is not None and not isinstance(info, Mapping):
+            problems.append(Problem(f"{where}.model_info", "must be a mapping"))
+        elif info and info.get("id") is not None:
+            dep_id = str(info["id"])
+            if dep_id in ids:
+                problems.append(
+                    Problem("model_list", f"model_info.id must be unique, repeated: [{dep_id!r}]")
+                )
+            ids[dep_id] = i
+    return list(groups), problems
+
+
+def _settings_problems(settings: Mapping[str, Any]) -> list[Problem]:
+    """Unknown router settings (with the closest name), a bad timeout, owned settings ignored."""
+    problems: list[Problem] = []
+    t = settings.get("timeout")
+    if t is not None and (isinstance(t, bool) or not isinstance(t, int | float) or not 0 < t < math.inf):
+        problems.append(Problem("router_settings.timeout", "must be a positive number of seconds"))
+    extra = [k for k in settings if k not in OWNED_ROUTER_SETTINGS]
+    names = router_setting_names() if extra else frozenset()
+    for key in extra:
+        if key not in names:
+            hint = closest(str(key), sorted(names | OWNED_ROUTER_SETTINGS))
+            problems.append(Problem(f"router_settings.{key}", "unknown setting of litellm.Router" + hint))
+    for key, instead in _INSTEAD.items():
+        if key in settings:
+            problems.append(
+                Problem(
+                    f"router_settings.{key}",
+                    f"ignored: the plugin owns it (LiteLLM's copy is off); set {instead}",
+                    "warning",
+                )
+            )
+    return problems
+
+
+def _timeout_problems(pol: ResiliencePolicy) -> list[Problem]:
+    """Warnings for a timeout set longer than the deadline it can never outlast."""
+    problems = []
+    scopes: list[tuple[str, Any, str | None]] = [("resilience", pol, None)]
+    scopes += [(f"resilience.groups.{g}", gp, g) for g, gp in pol.groups.items()]
+    for name, own, group in scopes:
+        deadline = pol.for_group(group).deadline if group is not None else pol.deadline
+        for key in ("attempt_timeout", "first_chunk_timeout", "stream_idle_timeout"):
+            value = getattr(own, key)
+            if key in own.model_fields_set and value is not None and value > deadline:
+                msg = f"{value:g} s is longer than the deadline ({deadline:g} s), which cuts every attempt"
+                problems.append(Problem(f"{name}.{key}", msg + "; lower it or raise the deadline", "warning"))
+    return problems
 
 
 def build_policy(data: Any) -> ResiliencePolicy:
     """Validate a policy mapping (or pass a policy through)."""
+    pol, problems = _policy(data)
+    raise_errors(problems)
+    assert pol is not None
+    return pol
+
+
+def _policy(data: Any) -> tuple[ResiliencePolicy | None, list[Problem]]:
     if data is None:
-        return ResiliencePolicy()
+        return ResiliencePolicy(), []
     if isinstance(data, ResiliencePolicy):
-        return data
+        return data, []
     if not isinstance(data, Mapping):
-        raise ConfigError("resilience", f"expected a mapping, got {type(data).__name__}")
+        return None, [Problem("resilience", f"expected a mapping, got {type(data).__name__}")]
     try:
-        return ResiliencePolicy.model_validate(dict(data))
+        return ResiliencePolicy.model_validate(dict(data)), []
     except ValidationError as e:
-        raise _format_validation_error(e, "resilience") from None
+        return None, pydantic_problems(e, "resilience", data, ResiliencePolicy)
 
 
-def build_spec(
+def spec_problems(
     model_list: Any,
     *,
     router_settings: Mapping[str, Any] | None = None,
@@ -461,88 +571,123 @@ def build_spec(
     context_window_fallbacks: Any = None,
     content_policy_fallbacks: Any = None,
     default_fallbacks: Any = None,
-) -> RouterSpec:
-    """Validate a Router config plus policy into a :class:`RouterSpec` (raises ConfigError)."""
+    cost: Mapping[str, Any] | None = None,
+) -> tuple[RouterSpec | None, list[Problem]]:
+    """Every problem of a Router config plus policy, and its :class:`RouterSpec` when none is an
+    error (warnings: owned settings ignored, timeouts longer than the deadline, fallback cycles)."""
     settings = dict(router_settings or {})
-    if not isinstance(model_list, list) or not model_list:
-        raise ConfigError("model_list", "expected a non-empty list of deployments")
-    pol = build_policy(policy)
-    # Honour the user's LiteLLM retry/timeout settings as our defaults when the policy is silent.
-    overrides: dict[str, Any] = {}
-    if "timeout" in settings and settings["timeout"] is not None:
-        t = settings["timeout"]
-        if not isinstance(t, int | float) or isinstance(t, bool) or t <= 0 or math.isnan(t):
-            raise ConfigError("router_settings.timeout", "must be a positive number of seconds")
-        if policy is None or "attempt_timeout" not in (policy if isinstance(policy, Mapping) else {}):
-            overrides["attempt_timeout"] = float(t)
-    if overrides:
-        pol = pol.model_copy(update=overrides)
-    fb = _fallback_map(fallbacks if fallbacks is not None else settings.get("fallbacks"), "fallbacks")
-    cw = _fallback_map(
-        context_window_fallbacks
-        if context_window_fallbacks is not None
-        else settings.get("context_window_fallbacks"),
-        "context_window_fallbacks",
-    )
-    cp = _fallback_map(
-        content_policy_fallbacks
-        if content_policy_fallbacks is not None
-        else settings.get("content_policy_fallbacks"),
-        "content_policy_fallbacks",
-    )
+    groups, problems = _model_list_problems(model_list)
+    pol, policy_problems = _policy(policy)
+    problems += policy_problems + _settings_problems(settings)
+    given = {"fallbacks": fallbacks, "context_window_fallbacks": context_window_fallbacks}
+    given["content_policy_fallbacks"] = content_policy_fallbacks
+    maps: dict[str, FallbackMap] = {}
+    known = ", ".join(sorted(groups))
+    for key in _FALLBACK_KEYS:
+        value = given[key] if given[key] is not None else settings.get(key)
+        maps[key] = fmap = _fallback_map(value, key, problems)
+        for src, targets in fmap.items():
+            if groups and src not in groups:
+                problems.append(Problem(key, f"unknown model group {src!r}; known groups: {known}"))
+            for t in targets:
+                if groups and t not in groups:
+                    problems.append(
+                        Problem(f"{key}.{src}", f"unknown fallback group {t!r}; known groups: {known}")
+                    )
+                if t == src:
+                    problems.append(Problem(f"{key}.{src}", "a group cannot fall back to itself"))
+        for cycle in _cycles({s: [t for t in ts if t != s] for s, ts in fmap.items()}):
+            ring = " -> ".join(cycle)
+            if key == "context_window_fallbacks":  # each must have a larger window than the last
+                problems.append(
+                    Problem(
+                        key, f"cycle {ring}: context window fallbacks go to larger windows; drop one edge"
+                    )
+                )
+            else:
+                msg = f"cycle {ring}: accepted - a call walks only its own group's list, one level deep"
+                problems.append(Problem(key, msg + ", so it never loops", "warning"))
     dfb = default_fallbacks if default_fallbacks is not None else settings.get("default_fallbacks")
     if dfb is not None and (not isinstance(dfb, list) or not all(isinstance(x, str) for x in dfb)):
-        raise ConfigError("default_fallbacks", "expected a list of model group names")
-    passthrough = {k: v for k, v in settings.items() if k not in OWNED_ROUTER_SETTINGS}
-    for i, d in enumerate(model_list):
-        if not isinstance(d, Mapping):
-            raise ConfigError(f"model_list[{i}]", "must be a mapping with model_name and litellm_params")
-    try:
-        spec = RouterSpec(
-            model_list=model_list,
-            router_settings=passthrough,
-            fallbacks=fb,
-            context_window_fallbacks=cw,
-            content_policy_fallbacks=cp,
-            default_fallbacks=list(dfb or []),
-            policy=pol,
-        )
-    except ValidationError as e:
-        raise _format_validation_error(e, "") from None
-    _check_spec(spec)
+        problems.append(Problem("default_fallbacks", "expected a list of model group names"))
+        dfb = None
+    for t in dfb or []:
+        if groups and t not in groups:
+            problems.append(Problem("default_fallbacks", f"unknown model group {t!r}; known groups: {known}"))
+    if cost is not None and not isinstance(cost, Mapping):
+        problems.append(Problem("cost", f"expected a mapping, got {type(cost).__name__}"))
+    if pol is not None:
+        for g in pol.groups:
+            if groups and g not in groups:
+                problems.append(
+                    Problem("resilience.groups", f"unknown model group {g!r}; known groups: {known}")
+                )
+        # Honour the user's LiteLLM timeout as the attempt timeout when the policy is silent.
+        timeout, bad = settings.get("timeout"), any(p.field == "router_settings.timeout" for p in problems)
+        if timeout is not None and not bad and "attempt_timeout" not in (policy or {}):
+            pol = pol.model_copy(update={"attempt_timeout": float(timeout)})
+        problems += _timeout_problems(pol)
+    if pol is None or any(p.severity == "error" for p in problems):
+        return None, problems
+    spec = RouterSpec(
+        model_list=model_list,
+        router_settings={k: v for k, v in settings.items() if k not in OWNED_ROUTER_SETTINGS},
+        fallbacks=maps["fallbacks"],
+        context_window_fallbacks=maps["context_window_fallbacks"],
+        content_policy_fallbacks=maps["content_policy_fallbacks"],
+        default_fallbacks=list(dfb or []),
+        policy=pol,
+        cost=dict(cost) if cost is not None else None,
+    )
+    return spec, problems
+
+
+def build_spec(model_list: Any, **kwargs: Any) -> RouterSpec:
+    """Validate a Router config plus policy into a :class:`RouterSpec` (raises ConfigError for the
+    first error, naming the others). Keywords: those of :func:`spec_problems`."""
+    spec, problems = spec_problems(model_list, **kwargs)
+    raise_errors(problems)
+    assert spec is not None
     return spec
 
 
-def load_config(path: str | Path) -> RouterSpec:
-    """Read a LiteLLM proxy-style YAML (``model_list``, ``router_settings``, ``resilience``)."""
+def read_config(path: str | Path) -> Any:
+    """The parsed YAML at ``path`` (``ConfigError`` for a missing file or invalid YAML)."""
     p = Path(path)
     try:
-        raw = yaml.safe_load(p.read_text())
-    except FileNotFoundError:
+        return yaml.safe_load(p.read_text())
+    except (FileNotFoundError, IsADirectoryError):
         raise ConfigError("path", f"config file not found: {p}") from None
     except yaml.YAMLError as e:
         raise ConfigError("path", f"{p} is not valid YAML: {e}") from None
-    return spec_from_mapping(raw, source=str(p))
+
+
+def load_config(path: str | Path) -> RouterSpec:
+    """Read a LiteLLM proxy-style YAML (``model_list``, ``router_settings``, ``resilience``, ``cost``)."""
+    return spec_from_mapping(read_config(path), source=str(path))
+
+
+def config_problems(raw: Any, source: str = "config") -> tuple[RouterSpec | None, list[Problem]]:
+    """Every problem of a parsed config file (the YAML's top level), and its spec if it has no error."""
+    if not isinstance(raw, Mapping):
+        return None, [Problem(source, "the top level must be a mapping with model_list")]
+    expected = "; expected model_list, router_settings, resilience, cost"
+    hints = {str(k): closest(str(k), TOP_LEVEL_KEYS) or expected for k in raw if k not in TOP_LEVEL_KEYS}
+    problems = [Problem(k, "unknown top-level key" + hint) for k, hint in hints.items()]
+    settings = raw.get("router_settings") or {}
+    if not isinstance(settings, Mapping):
+        problems.append(Problem("router_settings", "expected a mapping"))
+        settings = {}
+    spec, more = spec_problems(
+        raw.get("model_list"), router_settings=settings, policy=raw.get("resilience"), cost=raw.get("cost")
+    )
+    problems += more
+    return (None if any(p.severity == "error" for p in problems) else spec), problems
 
 
 def spec_from_mapping(raw: Any, source: str = "config") -> RouterSpec:
-    """Validate a parsed config mapping (the YAML's top level)."""
-    if not isinstance(raw, Mapping):
-        raise ConfigError(source, "the top level must be a mapping with model_list")
-    unknown = set(raw) - {
-        "model_list",
-        "router_settings",
-        "resilience",
-        "litellm_settings",
-        "general_settings",
-        "environment_variables",
-    }
-    if unknown:
-        raise ConfigError(
-            ", ".join(sorted(unknown)),
-            "unknown top-level key(s); expected model_list, router_settings, resilience",
-        )
-    settings = raw.get("router_settings") or {}
-    if not isinstance(settings, Mapping):
-        raise ConfigError("router_settings", "expected a mapping")
-    return build_spec(raw.get("model_list"), router_settings=settings, policy=raw.get("resilience"))
+    """Validate a parsed config mapping (the YAML's top level); ConfigError for the first error."""
+    spec, problems = config_problems(raw, source)
+    raise_errors(problems)
+    assert spec is not None
+    return spec

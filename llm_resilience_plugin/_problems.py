@@ -1,0 +1,148 @@
+"""Configuration problems: each one found, with the field it is in and the fix, then raised (the
+first, naming the others) or listed all at once (``llm-resilience check``).
+
+Below every layer (like ``_redaction``): the policy and the cost section both report through it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import types
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
+
+from pydantic import BaseModel, ValidationError
+
+from llm_resilience_plugin.errors import ConfigError, ErrorClass
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One thing wrong (``error``) or suspicious (``warning``) in a config: where, and the fix."""
+
+    field: str
+    message: str
+    severity: Literal["error", "warning"] = "error"
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}"
+
+
+class ConfigProblems(ConfigError):
+    """A config with several errors: ``field``/``message`` are the first's, ``problems`` all of them."""
+
+    def __init__(self, problems: Sequence[Problem]) -> None:
+        self.problems = list(problems)
+        first, rest = self.problems[0], self.problems[1:]
+        more = f" (and {len(rest)} more: {', '.join(p.field for p in rest)})" if rest else ""
+        super().__init__(first.field, first.message + more)
+
+
+def raise_errors(problems: Sequence[Problem]) -> None:
+    """Raise :class:`ConfigProblems` if any of ``problems`` is an error (warnings pass)."""
+    errors = [p for p in problems if p.severity == "error"]
+    if errors:
+        raise ConfigProblems(errors)
+
+
+def closest(name: str, candidates: Sequence[str]) -> str:
+    """``"; did you mean 'x'?"`` for the closest of ``candidates`` to a misspelt ``name``, or ``""``."""
+    match = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
+    return f"; did you mean {match[0]!r}?" if match else ""
+
+
+def _unwrap(tp: Any) -> Any:
+    """The model class inside ``Annotated``/``Optional``/unions, else ``tp``."""
+    while get_origin(tp) is Annotated:
+        tp = get_args(tp)[0]
+    if get_origin(tp) in (Union, types.UnionType):
+        models = [a for a in get_args(tp) if isinstance(a, type) and issubclass(a, BaseModel)]
+        return models[0] if models else tp
+    return tp
+
+
+def _fields_at(model: Any, path: Sequence[Any]) -> list[str]:
+    """The field names of the model reached by following ``path`` (field names, dict keys) from
+    ``model``, or [] when the path does not lead to a model."""
+    cur = model
+    for part in path:
+        cur = _unwrap(cur)
+        if isinstance(cur, type) and issubclass(cur, BaseModel):
+            field = cur.model_fields.get(str(part))
+            if field is None:
+                return []
+            cur = field.annotation
+        elif get_origin(cur) is dict:
+            cur = get_args(cur)[1]
+        else:
+            return []
+    cur = _unwrap(cur)
+    return list(cur.model_fields) if isinstance(cur, type) and issubclass(cur, BaseModel) else []
+
+
+def field_path(prefix: str, *parts: Any) -> str:
+    """``prefix.a.b[0].c``: dotted keys, list indexes in brackets."""
+    out = prefix
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out
+
+
+def _where(loc: Sequence[Any], data: Any) -> list[Any]:
+    """The part of a pydantic error location that exists in the user's ``data`` (union member
+    and ``[key]`` tags dropped)."""
+    path: list[Any] = []
+    for part in loc:
+        if isinstance(data, Mapping) and part in data:
+            data = data[part]
+            path.append(str(part))
+        elif isinstance(data, list) and isinstance(part, int) and 0 <= part < len(data):
+            data = data[part]
+            path.append(part)
+        else:
+            break
+    return path
+
+
+_KINDS = {"float_type": "a valid number", "int_type": "a valid integer", "bool_type": "true or false"}
+
+
+def _misread(value: bool | str) -> str:
+    """Why a bool or a string is not taken for a number or a flag, and what to write instead."""
+    if isinstance(value, bool):
+        return " (true/false is not a number: write the number)"
+    try:
+        float(value)
+    except ValueError:
+        return ""
+    return f" (a string: write {value} without quotes)"
+
+
+def pydantic_problems(err: ValidationError, prefix: str, data: Any, model: type[BaseModel]) -> list[Problem]:
+    """Every error of ``err`` as a :class:`Problem` under ``prefix``, one per field, with the fix:
+    the closest field name for a misspelt one, what to write instead of a quoted number or a bool."""
+    found: dict[str, list[str]] = {}
+    for e in err.errors():
+        loc = [p for p in e["loc"] if p != "__root__"]
+        path = _where(loc, data)
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "missing" and loc:
+            path.append(str(loc[-1]))
+            msg = "is required"
+        elif e["type"] == "extra_forbidden":
+            known = _fields_at(model, loc[:-1])
+            msg = "unknown field" + (closest(str(loc[-1]), known) or f"; known fields: {', '.join(known)}")
+            if loc == ["budgets"] and prefix == "resilience":
+                msg = "unknown field; budgets belong in the top-level cost: section (cost: {budgets: [...]})"
+        elif e["type"] == "enum" and loc and loc[-1] == "[key]":
+            msg = f"unknown error class; expected one of {', '.join(c.value for c in ErrorClass)}"
+            msg += closest(str(loc[-2]), [c.value for c in ErrorClass])
+        elif e["type"] in _KINDS and isinstance(e["input"], bool | str):
+            msg = f"Input should be {_KINDS[e['type']]}, got {e['input']!r}" + _misread(e["input"])
+        found.setdefault(field_path(prefix, *path) or "config", []).append(msg)
+    out = []
+    for field, msgs in found.items():
+        first, *rest = dict.fromkeys(msgs)
+        out.append(Problem(field, first + "".join(" or " + m.removeprefix("Input should be ") for m in rest)))
+    return out
