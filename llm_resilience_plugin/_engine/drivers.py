@@ -403,10 +403,11 @@ async def _hedged_attempt(
 
 class SyncRunner:
     """The sync driver: a private event loop on a daemon thread, so blocking calls run the same
-    async loop (safe from any thread)."""
+    async loop (safe from any thread). :meth:`close` ends the thread, the loop and its executor."""
 
     def __init__(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -414,9 +415,9 @@ class SyncRunner:
         with self._lock:
             if self._loop is None or self._loop.is_closed():
                 loop = asyncio.new_event_loop()
-                t = threading.Thread(target=loop.run_forever, name="llm-resilience-sync", daemon=True)
+                t = threading.Thread(target=_serve, args=(loop,), name="llm-resilience-sync", daemon=True)
                 t.start()
-                self._loop = loop
+                self._loop, self._thread = loop, t
             return self._loop
 
     def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
@@ -429,8 +430,34 @@ class SyncRunner:
             raise
 
     def close(self) -> None:
-        """Stop the private loop."""
+        """Stop the private loop: pending tasks are cancelled and awaited, async generators and the
+        default executor shut down, the loop closed and its thread joined (idempotent)."""
         with self._lock:
-            loop, self._loop = self._loop, None
-        if loop is not None:
-            loop.call_soon_threadsafe(loop.stop)
+            loop, thread = self._loop, self._thread
+            self._loop = self._thread = None
+        if loop is None or loop.is_closed():
+            return
+        if thread is not None and thread is threading.current_thread():
+            loop.call_soon(loop.stop)  # closing from a callback on the loop itself: just stop it
+            return
+        loop.call_soon_threadsafe(loop.stop)
+        if thread is not None:
+            thread.join(timeout=5)
+
+
+def _serve(loop: asyncio.AbstractEventLoop) -> None:
+    """The private loop's thread: run until stopped, then wind everything down and close."""
+    asyncio.set_event_loop(loop)
+    try:
+        loop.run_forever()
+    finally:
+        try:
+            pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            for task in pending:
+                task.cancel()
+            if pending:
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.run_until_complete(loop.shutdown_default_executor())
+        finally:
+            loop.close()

@@ -217,3 +217,15 @@ async def test_a_probe_that_never_reports_back_frees_its_slot_after_its_lease(
     resp = await router.acompletion(model="primary", messages=MSG)
     assert get_report(resp).deployment_id == "a"  # type: ignore[union-attr]
     await kept.aclose()
+
+
+def test_closing_routers_leaves_no_thread_behind(sim: ProviderSimulator) -> None:
+    import threading
+
+    before = threading.active_count()
+    for _ in range(10):
+        router = ResilientRouter(model_list=[deployment(sim, "primary", "a")], policy=FAST_POLICY)
+        router.completion("primary", MSG)  # starts the private loop (and LiteLLM's executor work)
+        router.close()
+        router.close()  # idempotent
+    assert threading.active_count() <= before
