@@ -2,6 +2,12 @@
 
 from llm_resilience_plugin.cost._alerts import BudgetAlert
 from llm_resilience_plugin.cost._budgets import Budget
+from llm_resilience_plugin.cost._config import (
+    BudgetConfig,
+    CostConfig,
+    cost_config_problems,
+    cost_guard_from_config,
+)
 from llm_resilience_plugin.cost._guard import CostGuard, Ticket
 from llm_resilience_plugin.cost._ledger import (
     NANO,
@@ -24,7 +30,9 @@ __all__ = [
     "NANO",
     "Budget",
     "BudgetAlert",
+    "BudgetConfig",
     "BudgetKey",
+    "CostConfig",
     "CostGuard",
     "KeyUsage",
     "Ledger",
@@ -39,6 +47,8 @@ __all__ = [
     "SpendReport",
     "Ticket",
     "coerce_price",
+    "cost_config_problems",
+    "cost_guard_from_config",
     "from_nano",
     "open_ledger",
     "to_nano",

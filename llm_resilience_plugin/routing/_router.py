@@ -168,6 +168,12 @@ class ResilientRouter:
         guards: list[AttemptGuard] | None = None,
         shared_state: Any = None,
     ) -> ResilientRouter:
+        """A router from a validated :class:`RouterSpec`; its ``cost:`` section, if any, becomes
+        a :class:`~llm_resilience_plugin.cost.CostGuard` appended to ``guards``."""
+        if spec.cost is not None:
+            from llm_resilience_plugin.cost import cost_guard_from_config
+
+            guards = [*(guards or []), cost_guard_from_config(spec.cost)]
         self = cls.__new__(cls)
         self._init_from_spec(spec, clock=clock, seed=seed, guards=guards, shared_state=shared_state)
         return self
@@ -182,7 +188,8 @@ class ResilientRouter:
         guards: list[AttemptGuard] | None = None,
         shared_state: Any = None,
     ) -> ResilientRouter:
-        """From a LiteLLM proxy-style YAML path (or its parsed mapping) with a ``resilience:`` section."""
+        """From a LiteLLM proxy-style YAML path (or its parsed mapping) with a ``resilience:``
+        section; a ``cost:`` section attaches a CostGuard (find it in ``router.guards``)."""
         spec = spec_from_mapping(config) if isinstance(config, Mapping) else load_config(config)
         return cls.from_spec(spec, clock=clock, seed=seed, guards=guards, shared_state=shared_state)
 

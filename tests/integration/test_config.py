@@ -162,3 +162,76 @@ def test_yaml_errors(tmp_path) -> None:
     odd.write_text("model_lst: []\n")
     with pytest.raises(ConfigError, match="unknown top-level"):
         ResilientRouter.from_config(odd)
+
+
+def _cost_yaml(sim: Any, cost: str) -> str:
+    return textwrap.dedent(
+        f"""
+        model_list:
+          - model_name: primary
+            litellm_params:
+              model: openai/gpt-4o-mini
+              api_base: {sim.api_base("a")}
+              api_key: sk-sim
+            model_info: {{id: a}}
+        """
+    ) + textwrap.dedent(cost)
+
+
+def test_cost_section_attaches_a_guard_that_refuses_before_sending(tmp_path, sim) -> None:
+    from llm_resilience_plugin import BudgetExceededError
+    from llm_resilience_plugin.cost import CostGuard
+
+    ledger = tmp_path / "spend.db"
+    path = tmp_path / "router.yaml"
+    path.write_text(
+        _cost_yaml(
+            sim,
+            f"""
+            cost:
+              ledger: sqlite:///{ledger}
+              alert_at: [0.5]
+              budgets:
+                - {{period: day, limit: 0.0001}}
+                - {{period: request, limit: 0.05, name: one-call}}
+            """,
+        )
+    )
+    router = ResilientRouter.from_config(path)
+    guards = [g for g in router.guards if isinstance(g, CostGuard)]
+    assert len(guards) == 1
+    guard = guards[0]
+    assert [b.name for b in guard.budgets] == ["daily", "one-call"] and guard.alert_at == (0.5,)
+    refused = 0
+    for _ in range(20):
+        try:
+            router.completion(model="primary", messages=MSG, max_tokens=50)
+        except BudgetExceededError:
+            refused += 1
+    assert refused > 0
+    assert sim.count("a") == 20 - refused  # a refused call sends nothing
+    assert 0 < guard.report().total <= 0.0001
+    assert ledger.exists()
+    router.close()
+    guard.close()
+
+
+@pytest.mark.parametrize(
+    ("cost", "field", "hint"),
+    [
+        ("cost: {budgets: [{period: day, limit: '5'}]}", "cost.budgets[0].limit", "without quotes"),
+        ("cost: {budgets: [{period: dayly, limit: 5}]}", "cost.budgets[0].period", "'day'"),
+        ("cost: {budget: []}", "cost.budget", "did you mean 'budgets'"),
+        ("cost: {ledger: spend.txt}", "cost.ledger", "sqlite:///"),
+        ("cost: {alert_at: 80}", "cost.alert_at", "fractions of a limit"),
+        ("resilience: {budgets: [{period: day, limit: 5}]}", "resilience.budgets", "top-level cost:"),
+    ],
+)
+def test_bad_cost_section_names_field_and_fix(tmp_path, sim, cost: str, field: str, hint: str) -> None:
+    path = tmp_path / "router.yaml"
+    path.write_text(_cost_yaml(sim, cost))
+    with pytest.raises(ConfigError) as info:
+        ResilientRouter.from_config(path)
+    assert info.value.field == field, str(info.value)
+    assert hint in str(info.value)
+    assert sim.count() == 0
