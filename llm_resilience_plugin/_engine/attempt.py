@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import itertools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -16,6 +17,24 @@ if TYPE_CHECKING:
     from llm_resilience_plugin._engine.engine import Engine
 
 ATTEMPT_IDS = itertools.count()
+
+
+_SPEND_FLAGS: dict[type, bool] = {}
+
+
+def _takes_spend_flags(guard: Any) -> bool:
+    """Does ``guard.after_attempt`` accept ``billable``/``produced`` (checked once per class)?"""
+    cls = type(guard)
+    known = _SPEND_FLAGS.get(cls)
+    if known is None:
+        try:
+            params = inspect.signature(guard.after_attempt).parameters
+        except (TypeError, ValueError):
+            params = {}  # type: ignore[assignment]
+        known = _SPEND_FLAGS[cls] = ("billable" in params and "produced" in params) or any(
+            p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()
+        )
+    return known
 
 
 def deployment_id_of(d: Mapping[str, Any]) -> str:
@@ -49,10 +68,20 @@ class AttemptContext:
             fn()
 
     def settle_guards(
-        self, response: Any | None, usage: Mapping[str, int] | None, failure: Failure | None
+        self,
+        response: Any | None,
+        usage: Mapping[str, int] | None,
+        failure: Failure | None,
+        *,
+        billable: bool = False,
+        produced: bool = False,
     ) -> None:
+        """Tell every guard how the attempt ended (once). ``billable``: it failed or was cut
+        short after the request was sent, so the provider may bill it; ``produced``: content
+        reached the caller. Guards that do not take these keywords are called without them."""
         tokens, self.guard_tokens = self.guard_tokens, []
         for guard, token in tokens:
+            extra = {"billable": billable, "produced": produced} if _takes_spend_flags(guard) else {}
             try:
                 guard.after_attempt(
                     token,
@@ -60,6 +89,7 @@ class AttemptContext:
                     response=response,
                     usage=usage,
                     failure=failure,
+                    **extra,
                 )
             except Exception:
                 import logging

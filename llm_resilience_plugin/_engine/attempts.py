@@ -70,7 +70,7 @@ def cancelled(
     engine.release(actx.admission)
     if actx.guard_tokens:
         if actx.sent:  # in flight: the provider may bill it; the guard's policy decides
-            actx.settle_guards(None, None, None)
+            actx.settle_guards(None, None, None, billable=True)
         else:  # nothing was sent: a plain release
             nothing = Failure(
                 ErrorClass.UNKNOWN, None, "cancelled before sending", None, asyncio.CancelledError()

@@ -43,6 +43,9 @@ from llm_resilience_plugin.policy import EffectivePolicy, ResiliencePolicy, Rout
 
 _log = logging.getLogger("llm_resilience")
 
+# Failures after which the request may have been processed (and billed) with no answer seen.
+_NO_ANSWER = frozenset({ErrorClass.TIMEOUT, ErrorClass.CONNECTION, ErrorClass.SERVER})
+
 BackendFor = Callable[[DeploymentInfo, EffectivePolicy], BreakerBackend | None]
 BucketFor = Callable[[str, EffectivePolicy], SharedTokens | None]
 
@@ -275,7 +278,8 @@ class Engine:
         retry budget, where this call may go next, guards, the record."""
         call.failures.append(failure)
         if actx.guard_tokens:
-            actx.settle_guards(None, None, failure)
+            billable = actx.sent and failure.status is None and failure.error_class in _NO_ANSWER
+            actx.settle_guards(None, None, failure, billable=billable)
         dep = actx.picked
         adm = actx.admission
         counts = self.counts_against(failure)

@@ -67,7 +67,7 @@ def _abandon(engine: Engine, actx: AttemptContext) -> None:
     request was sent and may be billed)."""
     engine.release(actx.admission)
     if actx.guard_tokens:
-        actx.settle_guards(None, None, None)
+        actx.settle_guards(None, None, None, billable=True)
 
 
 class ResilientStream:
@@ -281,7 +281,7 @@ class ResilientStream:
         latency = engine.clock.monotonic() - self._t0
         if self._actx.guard_tokens and self.partial_text:
             # Content was generated (and billed): settle like a stream cut short, not a release.
-            self._actx.settle_guards(None, self.usage, None)
+            self._actx.settle_guards(None, self.usage, None, billable=True, produced=bool(self.partial_text))
         engine.attempt_failed(
             self._ctx,
             self._group,
@@ -307,7 +307,7 @@ class ResilientStream:
             self._engine.release(adm)
         if self._actx.guard_tokens:
             # Cut short by the caller: the guard settles its estimate (no final usage is known).
-            self._actx.settle_guards(None, self.usage, None)
+            self._actx.settle_guards(None, self.usage, None, billable=True, produced=bool(self.partial_text))
         self.report.outcome = "cancelled"
         self._engine.emit(self._ctx, self.report)
 
