@@ -12,9 +12,12 @@ for its concern: ``policy``, ``events``, ``routing``, ``cost``, ``shared_state``
 from __future__ import annotations
 
 import importlib
+import logging
 from typing import TYPE_CHECKING, Any
 
 from llm_resilience_plugin import _env  # noqa: F401  (must run before litellm is imported)
+
+logging.getLogger("llm_resilience").addHandler(logging.NullHandler())  # a library prints no log itself
 
 __version__ = "0.1.0"
 

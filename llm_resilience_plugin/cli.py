@@ -1,30 +1,140 @@
-"""``llm-resilience``: the demo, config checking, and the provider simulator from the shell."""
+"""``llm-resilience``: the demo, config checking, spend reports and the provider simulator from the shell."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import io
 import json
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from llm_resilience_plugin import _env  # noqa: F401  (offline LiteLLM settings before import)
+from llm_resilience_plugin._problems import Problem, closest
+from llm_resilience_plugin._redaction import is_secret_key, mask_url, register_secret, scrub
 from llm_resilience_plugin.errors import ConfigError
 
+ENV_PREFIX = "os.environ/"
+EXIT_CONFIG = 2  # a caller's mistake: a bad config or argument
+EXIT_FAILED = 1  # the command could not do its work (a ledger unreachable)
+EXIT_PIPE = 141  # the reader of our output went away (``| head``), as a shell reports SIGPIPE
 
-def _check(path: str, as_json: bool) -> int:
-    from llm_resilience_plugin.policy import load_config
 
-    spec = load_config(path)
-    out: dict[str, Any] = {"groups": {}}
+class CommandError(Exception):
+    """The command could not do its work for a reason outside the caller's input (one line)."""
+
+
+# -- check ------------------------------------------------------------------------------------------
+
+
+def _strings(value: Any, field: str) -> Iterator[tuple[str, str, str]]:
+    """``(field, key, string)`` for every string under ``value`` (``key``: its mapping key)."""
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            if isinstance(v, str):
+                yield f"{field}.{k}", str(k), v
+            else:
+                yield from _strings(v, f"{field}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _strings(v, f"{field}[{i}]")
+
+
+def _env_problems(raw: Mapping[str, Any]) -> list[Problem]:
+    """``os.environ/NAME`` references whose variable is unset or empty (named, never printed), and
+    every secret in the config registered for scrubbing from what this command prints."""
+    problems = []
+    for section in ("model_list", "router_settings", "cost"):
+        for field, key, value in _strings(raw.get(section), section):
+            if not value.startswith(ENV_PREFIX):
+                if is_secret_key(key):
+                    register_secret(value)
+                continue
+            name = value.removeprefix(ENV_PREFIX)
+            resolved = os.environ.get(name)
+            if resolved is None:
+                problems.append(Problem(field, f"environment variable {name} is not set (read by {value})"))
+            elif not resolved:
+                problems.append(Problem(field, f"environment variable {name} is empty (read by {value})"))
+            else:
+                register_secret(resolved)
+    return problems
+
+
+def _provider_problems(model_list: Any) -> list[Problem]:
+    """Deployments whose provider LiteLLM cannot tell from the model name (``notaprovider/x``)."""
+    import litellm
+
+    problems = []
+    for i, d in enumerate(model_list if isinstance(model_list, list) else []):
+        params = d.get("litellm_params") if isinstance(d, Mapping) else None
+        model = params.get("model") if isinstance(params, Mapping) else None
+        if not isinstance(model, str):
+            continue  # already reported by the policy checks
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):  # LiteLLM prints its provider list
+                litellm.get_llm_provider(
+                    model=model,
+                    custom_llm_provider=params.get("custom_llm_provider"),  # type: ignore[union-attr]
+                    api_base=params.get("api_base"),  # type: ignore[union-attr]
+                )
+        except Exception:
+            provider = model.split("/", 1)[0] if "/" in model else ""
+            known = [str(getattr(p, "value", p)) for p in litellm.provider_list]
+            hint = closest(provider, known).removeprefix("; ") if provider else ""
+            what = f"provider {provider!r} in {model!r}" if provider else f"provider of {model!r}"
+            problems.append(
+                Problem(
+                    f"model_list[{i}].litellm_params.model",
+                    f"LiteLLM does not know the {what}"
+                    + (f" ({hint})" if hint else "")
+                    + "; write '<provider>/<model>' (e.g. openai/gpt-4o-mini) or set custom_llm_provider",
+                )
+            )
+    return problems
+
+
+def _build(spec: Any) -> tuple[Any, list[Problem]]:
+    """Build the router (and the cost guard, on a memory ledger) offline, as ``from_config`` would."""
+    from llm_resilience_plugin.cost import cost_guard_from_config
+    from llm_resilience_plugin.routing import ResilientRouter
+
+    guard = None
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            guard = cost_guard_from_config(spec.cost, ledger="memory") if spec.cost is not None else None
+            router = ResilientRouter.from_spec(
+                spec.model_copy(update={"cost": None}),
+                guards=[guard] if guard is not None else None,
+                shared_state=False,  # check never connects to Redis
+            )
+    except ConfigError as e:
+        field = (
+            e.field if e.field.startswith(("cost", "model_list", "router_settings")) else f"cost.{e.field}"
+        )
+        return guard, [Problem(field, e.message)]
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [""])[0]
+        return guard, [
+            Problem("model_list", f"litellm.Router refused the config: {type(e).__name__}: {first}")
+        ]
+    router.close()
+    return guard, []
+
+
+def _describe(spec: Any, guard: Any) -> dict[str, Any]:
+    """The effective policy per group, and the cost section, as plain data (no secret)."""
+    out: dict[str, Any] = {"groups": {}, "cost": None}
     for group in spec.groups:
-        pol = spec.policy.for_group(group)
         deps = [
             {
                 "id": (d.get("model_info") or {}).get("id", "(generated)"),
                 "model": d["litellm_params"]["model"],
-                "api_base": d["litellm_params"].get("api_base"),
+                "api_base": mask_url(d["litellm_params"].get("api_base")),
             }
             for d in spec.model_list
             if d["model_name"] == group
@@ -34,11 +144,22 @@ def _check(path: str, as_json: bool) -> int:
             "fallbacks": spec.fallback_chain(group, None),
             "context_window_fallbacks": spec.context_window_fallbacks.get(group, []),
             "content_policy_fallbacks": spec.content_policy_fallbacks.get(group, []),
-            "policy": pol.model_dump(mode="json"),
+            "policy": spec.policy.for_group(group).model_dump(mode="json"),
         }
-    if as_json:
-        print(json.dumps(out, indent=2))
-        return 0
+    if guard is not None:
+        out["cost"] = {
+            "ledger": mask_url(str(spec.cost.get("ledger", "memory"))),
+            "budgets": [
+                {"name": b.name, "limit": b.limit, "period": b.period, "scope": b.scope}
+                for b in guard.budgets
+            ],
+            "alert_at": list(guard.alert_at),
+            "timezone": str(guard.tz),
+        }
+    return out
+
+
+def _print_policy(path: str, spec: Any, out: dict[str, Any]) -> None:
     print(f"{path}: OK ({len(spec.model_list)} deployments, {len(spec.groups)} model groups)")
     for group, g in out["groups"].items():
         p = g["policy"]
@@ -51,47 +172,138 @@ def _check(path: str, as_json: bool) -> int:
         print(f"  breaker: fail_max {b['fail_max']}, reset_timeout {b['reset_timeout']}s")
         for cls, cp in p["classes"].items():
             print(f"  {cls:<15} {cp['action']:<9} retries {cp['max_retries']}")
-    return 0
+    cost = out["cost"]
+    if cost is not None:
+        print(f"\n[cost] ledger {cost['ledger']}, alerts at {cost['alert_at']}, timezone {cost['timezone']}")
+        for b in cost["budgets"]:
+            scope = f" per {b['scope']}" if b["scope"] else ""
+            print(f"  budget {b['name']}: ${b['limit']:g} per {b['period']}{scope}")
 
 
-def _report(ledger: str, since: str | None, as_json: bool) -> int:
+def _check(path: str, as_json: bool) -> int:
+    from llm_resilience_plugin.cost import cost_config_problems
+    from llm_resilience_plugin.policy import config_problems, read_config
+
+    raw = read_config(path)
+    spec, problems = config_problems(raw, source=path)
+    if isinstance(raw, Mapping):
+        problems += _env_problems(raw)
+        if isinstance(raw.get("cost"), Mapping):
+            problems += cost_config_problems(raw["cost"])
+        problems += _provider_problems(raw.get("model_list"))
+    errors = [p for p in problems if p.severity == "error"]
+    guard: Any = None
+    out: dict[str, Any] = {"groups": {}, "cost": None}
+    if not errors and spec is not None:
+        guard, built = _build(spec)
+        problems += built
+        errors += built
+    if not errors and spec is not None:
+        out = _describe(spec, guard)
+    if guard is not None:
+        guard.close()
+    warnings = len(problems) - len(errors)
+    if as_json:
+        doc = {
+            "config": path,
+            "ok": not errors,
+            "errors": len(errors),
+            "warnings": warnings,
+            "problems": [{"severity": p.severity, "field": p.field, "message": p.message} for p in problems],
+            **out,
+        }
+        print(scrub(json.dumps(doc, indent=2)))
+    else:
+        stream = sys.stderr if errors else sys.stdout
+        if problems:
+            print(f"{path}: {len(errors)} error(s), {warnings} warning(s)", file=stream)
+            for p in problems:
+                print(scrub(f"  {p.severity:<8} {p.field}: {p.message}"), file=stream)
+        if not errors:
+            with contextlib.redirect_stdout(buffer := io.StringIO()):
+                _print_policy(path, spec, out)
+            print(scrub(buffer.getvalue()), end="")
+    return EXIT_CONFIG if errors else 0
+
+
+# -- report -----------------------------------------------------------------------------------------
+
+
+def _sqlite_path(url: str) -> str | None:
+    if url.startswith("sqlite:///"):
+        return url.removeprefix("sqlite:///")
+    return url if url.endswith((".db", ".sqlite", ".sqlite3")) else None
+
+
+def _ledger_url(ledger: str | None, config: str | None) -> str:
+    """The ledger to read: ``--ledger``, else the ``cost.ledger`` of ``--config``."""
+    if ledger is not None:
+        return ledger
+    if config is None:
+        raise ConfigError(
+            "--ledger", "pass the ledger URL (sqlite:///spend.db) or --config with a cost: section"
+        )
+    from llm_resilience_plugin.policy import read_config
+
+    raw = read_config(config)
+    cost = raw.get("cost") if isinstance(raw, Mapping) else None
+    url = cost.get("ledger") if isinstance(cost, Mapping) else None
+    if not isinstance(url, str):
+        raise ConfigError("--config", f"{config} has no cost.ledger to read; pass --ledger")
+    if url.startswith(ENV_PREFIX):
+        name = url.removeprefix(ENV_PREFIX)
+        url = os.environ.get(name) or ""
+        if not url:
+            raise ConfigError("cost.ledger", f"environment variable {name} is not set or empty")
+    return url
+
+
+def _open_report(url: str, create: bool, since: float | None) -> Any:
+    """Open the ledger and read its report (``ConfigError``/``CommandError`` as one line)."""
+    import sqlite3
+
+    from llm_resilience_plugin.cost import LedgerUnavailableError, open_ledger
+
+    path = _sqlite_path(url)
+    if url in ("memory", "memory://", ":memory:"):
+        raise ConfigError(
+            "--ledger", "a memory ledger lives inside its process; report reads sqlite:/// or redis://"
+        )
+    if path is not None and not Path(path).expanduser().exists() and not create:
+        raise ConfigError(
+            "--ledger",
+            f"no ledger file at {path} (a typo?); pass the URL your CostGuard writes to, "
+            "or --create to start an empty one",
+        )
+    if path is not None and Path(path).expanduser().is_dir():
+        raise ConfigError("--ledger", f"{path} is a folder, not a ledger file")
+    try:
+        opened = open_ledger(url)
+        try:
+            return opened.report(since=since)
+        finally:
+            opened.close()
+    except LedgerUnavailableError as e:
+        raise CommandError(f"cannot read the Redis ledger at {mask_url(url)}: {e.reason}") from None
+    except sqlite3.Error as e:
+        raise CommandError(f"cannot read {path} as a ledger: {e}") from None
+    except ConfigError:
+        raise
+    except Exception as e:  # redis-py and socket errors: one line, not a traceback
+        raise CommandError(f"cannot read the ledger at {mask_url(url)}: {type(e).__name__}: {e}") from None
+
+
+def _report(ledger: str | None, config: str | None, since: str | None, as_json: bool, create: bool) -> int:
     from datetime import datetime
 
-    from llm_resilience_plugin.cost import SQLiteLedger, open_ledger
-
-    if ledger.startswith("sqlite:///"):
-        path = ledger.removeprefix("sqlite:///")
-        import os
-
-        if not os.path.exists(path):
-            raise ConfigError("--ledger", f"no ledger file at {path}; pass the URL your CostGuard uses")
-    opened = open_ledger(ledger)
-    if not isinstance(opened, SQLiteLedger) and not ledger.startswith("redis"):
-        raise ConfigError("--ledger", "expected a persistent ledger URL such as sqlite:///spend.db")
     start = None
     if since is not None:
         try:
             start = datetime.fromisoformat(since).timestamp()
         except ValueError:
             raise ConfigError("--since", "expected an ISO date such as 2026-11-01") from None
-    rep = opened.report(since=start)
-    if as_json:
-        print(json.dumps(rep.to_dict(), indent=2))
-    else:
-        print(rep)
-    return 0
-
-
-def _bench(which: str, extra: Sequence[str]) -> int:
-    import runpy
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parent.parent / "benchmarks"
-    script = root / f"{which}.py"
-    if not script.exists():
-        raise ConfigError("bench", f"{script} not found: run benchmarks from a source checkout")
-    sys.argv = [str(script), *extra]
-    runpy.run_path(str(script), run_name="__main__")
+    rep = _open_report(_ledger_url(ledger, config), create, start)
+    print(json.dumps(rep.to_dict(), indent=2) if as_json else rep)
     return 0
 
 
@@ -112,25 +324,33 @@ def build_parser() -> argparse.ArgumentParser:
         description="Resilience for LiteLLM's Router: try the demo, check a config, run the simulator.",
         epilog="Examples:\n"
         "  llm-resilience demo                         # the incident demo, no API keys\n"
-        "  llm-resilience check router.yaml            # validate a config, print the policy\n"
+        "  llm-resilience check router.yaml            # every problem at once, then the policy\n"
         "  llm-resilience report --ledger sqlite:///spend.db --since 2026-11-01\n"
-        "  llm-resilience bench chaos --calls 100      # benchmarks (from a source checkout)\n"
-        "  llm-resilience simulator --port 8900 --deployments a,b",
+        "  llm-resilience report --config router.yaml  # the ledger of its cost: section\n"
+        "  llm-resilience simulator --port 8900 --deployments a,b\n"
+        "\n"
+        "Benchmarks (overhead, chaos, scale) are not installed with the package: run them from a\n"
+        "source checkout, e.g. python benchmarks/chaos.py --help",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     d = sub.add_parser("demo", help="run a scripted incident against the built-in simulator")
     d.add_argument("--calls", type=int, default=12, help="calls per phase (default 12)")
-    c = sub.add_parser("check", help="validate a LiteLLM/plugin YAML and print the effective policy")
-    c.add_argument("config", help="path to a LiteLLM proxy-style YAML with an optional resilience: section")
+    c = sub.add_parser(
+        "check",
+        help="validate a LiteLLM/plugin YAML offline and print the effective policy",
+        description="Report every problem of a config at once (exit 2 if any is an error), then the "
+        "effective policy per model group. Builds the router offline; never prints a secret.",
+    )
+    c.add_argument("config", help="a LiteLLM proxy-style YAML with optional resilience: and cost: sections")
     c.add_argument("--json", action="store_true", help="print JSON instead of text")
     r = sub.add_parser("report", help="print spend from a cost-guard ledger (by day, model, scope)")
-    r.add_argument("--ledger", required=True, help="the ledger URL, e.g. sqlite:///spend.db")
+    where = r.add_mutually_exclusive_group(required=True)
+    where.add_argument("--ledger", help="the ledger URL, e.g. sqlite:///spend.db or redis://host:6379/0")
+    where.add_argument("--config", help="a router YAML whose cost: section names the ledger")
     r.add_argument("--since", help="only spend from this ISO date on")
     r.add_argument("--json", action="store_true")
-    b = sub.add_parser("bench", help="run a benchmark from benchmarks/ (overhead, chaos, scale)")
-    b.add_argument("which", choices=["overhead", "chaos", "scale"])
-    b.add_argument("args", nargs=argparse.REMAINDER, help="passed to the benchmark (see its --help)")
+    r.add_argument("--create", action="store_true", help="create a missing SQLite ledger file (reports $0)")
     # The same options as the simulator's own parser (testing._simulator.build_parser; a test keeps
     # them equal), declared here so the other commands do not import aiohttp to build the parser.
     s = sub.add_parser(
@@ -148,29 +368,42 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    if args.command == "demo":
+        if args.calls < 1:
+            parser.error("--calls must be at least 1")
+        from llm_resilience_plugin.demo import run_demo
+
+        return asyncio.run(run_demo(args.calls))
+    if args.command == "check":
+        return _check(args.config, args.json)
+    if args.command == "report":
+        return _report(args.ledger, args.config, args.since, args.json, args.create)
+    if args.command == "simulator":
+        return _simulator(args.host, args.port, args.deployments)
+    parser.print_help()
+    return EXIT_CONFIG
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        if args.command == "demo":
-            if args.calls < 1:
-                parser.error("--calls must be at least 1")
-            from llm_resilience_plugin.demo import run_demo
-
-            return asyncio.run(run_demo(args.calls))
-        if args.command == "check":
-            return _check(args.config, args.json)
-        if args.command == "report":
-            return _report(args.ledger, args.since, args.json)
-        if args.command == "bench":
-            return _bench(args.which, args.args)
-        if args.command == "simulator":
-            return _simulator(args.host, args.port, args.deployments)
+        code = _run(parser, args)
+        sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
+        return code
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    parser.print_help()
-    return 2
+        print(f"error: {scrub(str(exc))}", file=sys.stderr)
+        return EXIT_CONFIG
+    except CommandError as exc:
+        print(f"error: {scrub(str(exc))}", file=sys.stderr)
+        return EXIT_FAILED
+    except BrokenPipeError:
+        # `llm-resilience report --json | head -1`: the reader left; say nothing more, and keep
+        # Python from failing again when it flushes stdout at exit.
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_PIPE
 
 
 if __name__ == "__main__":
