@@ -198,13 +198,15 @@ class StreamRestart:
 
     ``mode="restart"``: the answer starts over, discard what you have (``discarded_text``).
     ``mode="continue"``: the next chunks continue ``discarded_text`` (assistant prefill); keep it.
+    ``mode="resume"``: the new route repeated ``discarded_text`` word for word, so the stream
+    simply goes on after it (nothing to do; this mode is an event only, never yielded in-band).
     """
 
     call_id: str
     model_group: str
     discarded_text: str
     error_class: ErrorClass
-    mode: Literal["restart", "continue"] = "restart"
+    mode: Literal["restart", "continue", "resume"] = "restart"
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -37,6 +37,10 @@ class _Model(BaseModel):
     )
 
 
+# Streams: the first-chunk and idle timeouts when none is configured and the call can go elsewhere.
+STREAM_TIMEOUT_DEFAULT = 10.0
+
+
 class ClassPolicy(_Model):
     """What to do with one class of failure: retry in the group, fail over, or fail."""
 
@@ -78,10 +82,11 @@ class BackoffPolicy(_Model):
         description="A Retry-After longer than this (or than the time left) fails over at once.",
     )
     max_wait_with_fallback: float | None = Field(
-        default=0.5,
+        default=3.0,
         ge=0,
-        description="When a fallback group exists, a Retry-After wait longer than this fails over "
-        "instead of waiting (latency over staying on the preferred group). None: always wait.",
+        description="When a fallback group exists, a Retry-After wait up to this long (that fits "
+        "the deadline, with no other deployment of the group free) is waited out on the group the "
+        "caller asked for; a longer one fails over. A fallback is a degradation. None: always wait.",
     )
 
     @model_validator(mode="after")
@@ -96,9 +101,34 @@ class BreakerPolicy(_Model):
 
     enabled: bool = True
     fail_max: int = Field(default=5, ge=1, le=1000)
-    reset_timeout: float = Field(default=30.0, gt=0, le=86400)
+    reset_timeout: float = Field(
+        default=30.0,
+        gt=0,
+        le=86400,
+        description="The longest a breaker stays open before a probe (the cap of the growing window).",
+    )
+    min_reset_timeout: float = Field(
+        default=2.0,
+        gt=0,
+        le=86400,
+        description="How long a breaker first stays open; each failed probe doubles it up to "
+        "reset_timeout, a success starts again here (a blip costs seconds, an outage one probe a window).",
+    )
     success_threshold: int = Field(default=1, ge=1, le=100)
     half_open_max_probes: int = Field(default=1, ge=1, le=100)
+    rate_limit_fail_max: int | None = Field(
+        default=10,
+        ge=1,
+        le=10000,
+        description="429s in a row (no success between) that open the breaker. A rate limit is not "
+        "an outage: fewer only hold the deployment for its Retry-After, so a burst of 429s never "
+        "ejects a deployment that answers the rest. None: 429s never open it.",
+    )
+
+    def open_for(self, streak: int) -> float:
+        """Seconds a breaker stays open after its ``streak``-th trip in a row (1 = first)."""
+        first = min(self.min_reset_timeout, self.reset_timeout)
+        return min(self.reset_timeout, first * 2 ** max(0, streak - 1))
 
 
 class RetryBudgetPolicy(_Model):
@@ -240,10 +270,15 @@ class ResiliencePolicy(_Model):
     first_chunk_timeout: float | None = Field(
         default=None,
         gt=0,
-        description="Streams: seconds to the first chunk (default: attempt_timeout).",
+        description="Streams: seconds to the first chunk. Default: 10 s (at most attempt_timeout) "
+        "while the call has somewhere else to go, then learned from the group's observed time to "
+        "first token; attempt_timeout when it has nowhere else.",
     )
     stream_idle_timeout: float | None = Field(
-        default=None, gt=0, description="Streams: longest silence between chunks (default: attempt_timeout)."
+        default=None,
+        gt=0,
+        description="Streams: longest silence between chunks. Default: 10 s (at most attempt_timeout) "
+        "while the call has somewhere else to go, then learned from observed gaps between chunks.",
     )
     connect_timeout: float | None = Field(default=5.0, gt=0, description="TCP/TLS connect, per attempt.")
     min_attempt_time: float = Field(
@@ -256,6 +291,12 @@ class ResiliencePolicy(_Model):
     degradation: DegradationPolicy = Field(default_factory=DegradationPolicy)
     restart_broken_streams: bool = False
     continue_streams_with_prefill: bool = False
+    max_stream_restarts: int = Field(
+        default=3,
+        ge=0,
+        le=20,
+        description="How many times one call's broken stream may resume elsewhere (within the deadline).",
+    )
     classes: dict[ClassKey, ClassPolicy] = Field(default_factory=_default_class_policies)
     tiers: dict[str, TierPolicy] = Field(default_factory=_default_tiers)
     default_tier: str | None = None
@@ -283,8 +324,10 @@ class ResiliencePolicy(_Model):
         return EffectivePolicy(
             deadline=pick("deadline"),
             attempt_timeout=attempt,
-            first_chunk_timeout=pick("first_chunk_timeout") or attempt,
-            stream_idle_timeout=pick("stream_idle_timeout") or attempt,
+            first_chunk_timeout=pick("first_chunk_timeout") or min(STREAM_TIMEOUT_DEFAULT, attempt),
+            stream_idle_timeout=pick("stream_idle_timeout") or min(STREAM_TIMEOUT_DEFAULT, attempt),
+            learn_stream_timeouts=pick("first_chunk_timeout") is None,
+            learn_idle_timeouts=pick("stream_idle_timeout") is None,
             connect_timeout=pick("connect_timeout"),
             min_attempt_time=self.min_attempt_time,
             backoff=pick("backoff"),
@@ -294,6 +337,7 @@ class ResiliencePolicy(_Model):
             degradation=pick("degradation"),
             restart_broken_streams=pick("restart_broken_streams"),
             continue_streams_with_prefill=pick("continue_streams_with_prefill"),
+            max_stream_restarts=self.max_stream_restarts,
             classes={**self.classes, **g.classes},
         )
 
@@ -305,6 +349,8 @@ class EffectivePolicy(_Model):
     attempt_timeout: float
     first_chunk_timeout: float
     stream_idle_timeout: float
+    learn_stream_timeouts: bool = False  # the first-chunk timeout adapts to observed TTFT
+    learn_idle_timeouts: bool = False  # the idle timeout adapts to observed gaps between chunks
     connect_timeout: float | None
     min_attempt_time: float
     backoff: BackoffPolicy
@@ -314,6 +360,7 @@ class EffectivePolicy(_Model):
     degradation: DegradationPolicy
     restart_broken_streams: bool
     continue_streams_with_prefill: bool
+    max_stream_restarts: int = 3
     classes: dict[ErrorClass, ClassPolicy]
 
 

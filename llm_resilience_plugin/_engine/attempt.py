@@ -52,6 +52,7 @@ class AttemptContext:
     exclude: frozenset[str] = frozenset()
     token: str = ""  # names this attempt to the dispatcher's hooks
     hedged: bool = False  # a hedge must know its deployment while the request is in flight
+    timeout_s: float = 0.0  # this attempt's time limit (to the first chunk for a stream)
     admission: Admission | None = None
     generations: dict[str, int] = field(default_factory=dict)
     picked: str | None = None

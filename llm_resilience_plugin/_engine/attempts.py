@@ -49,7 +49,8 @@ def begin(
         call.failures.append(failure)
         engine.record(call, group, level, None, failure, started_wall, 0.0, wait_before, "skipped")
         raise AttemptFailed(failure, None)
-    _, sent_timeout, bound = attempt_timeouts(attempt_limit(call, pol), remaining)
+    limit = engine.first_chunk_timeout(call, group) if call.stream else attempt_limit(call, pol)
+    timeout, sent_timeout, bound = attempt_timeouts(limit, remaining)
     actx = AttemptContext(
         engine=engine,
         call=call,
@@ -57,6 +58,7 @@ def begin(
         exclude=exclude,
         token=f"{id(engine)}:{call.call_id}:{next(ATTEMPT_IDS)}",
         hedged=holder is not None,
+        timeout_s=timeout,
     )
     if holder is not None:
         holder.append(actx)
@@ -116,6 +118,7 @@ def answered(
     call = actx.call
     latency = engine.clock.monotonic() - t0
     if call.stream:
+        engine.timings[actx.group].observe_ttft(latency)
         return dispatcher.wrap_stream(
             actx, level, resp, started_wall, latency, wait_before, messages, dict(kwargs)
         )

@@ -62,6 +62,7 @@ class BreakerView:
     success_counter: int = 0
     opened_at: float = 0.0
     probes: int = 0
+    open_for: float | None = None  # how long this opening lasts (None: the policy's reset_timeout)
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +149,7 @@ class MemoryBreakerBackend(BreakerBackend):
         self.policy = policy
         self._generation = generation
         self._probe_lease = probe_lease
+        self._streak = 0  # trips in a row without closing: each one doubles how long it stays open
         self._probe_started: list[float] = []  # when each probe in flight was admitted
         self._cb = pybreaker.CircuitBreaker(
             fail_max=policy.fail_max,
@@ -196,6 +198,7 @@ class MemoryBreakerBackend(BreakerBackend):
             success_counter=self._storage.success_counter,
             opened_at=self._opened_at(),
             probes=len(self._probe_started),
+            open_for=self.policy.open_for(max(1, self._streak)),
         )
 
     def admit(self, now: float) -> tuple[Admission | None, list[Change]]:
@@ -205,7 +208,7 @@ class MemoryBreakerBackend(BreakerBackend):
         if state == CLOSED:
             return Admission(name, self._generation, probe=False), changes
         if state == OPEN:
-            if now < self._opened_at() + self.policy.reset_timeout:
+            if now < self._opened_at() + self.policy.open_for(self._streak):
                 return None, changes
             self._transition(self._cb.half_open, changes)
         lease = self._probe_lease
@@ -234,6 +237,7 @@ class MemoryBreakerBackend(BreakerBackend):
             self._storage.increment_success_counter()
             if self._storage.success_counter >= self.policy.success_threshold:
                 self._transition(self._cb.close, changes)
+                self._streak = 0
         else:
             self._storage.reset_counter()
         return changes
@@ -265,6 +269,7 @@ class MemoryBreakerBackend(BreakerBackend):
             self._probe_started.pop(0)
 
     def _trip(self, now: float, changes: list[Change]) -> None:
+        self._streak += 1
         self._transition(self._cb.open, changes)
         # pybreaker stamps datetime.now(); use our clock so fake clocks and stores agree.
         self._storage.opened_at = datetime.fromtimestamp(now, UTC)
@@ -301,6 +306,7 @@ class DeploymentBreaker:
         self._on_transition = on_transition
         self._lock = threading.Lock()
         self._hold_until = 0.0
+        self._rate_limited = 0  # 429s in a row since the last success
         if backend is not None and storage is not None:
             raise ValueError("pass a pybreaker storage or a backend, not both")
         self.backend: BreakerBackend = backend or MemoryBreakerBackend(
@@ -334,7 +340,10 @@ class DeploymentBreaker:
         v = self._view()
         if v.state != OPEN:
             return None
-        return v.opened_at + self.policy.reset_timeout
+        return v.opened_at + self._open_for(v)
+
+    def _open_for(self, v: BreakerView) -> float:
+        return v.open_for if v.open_for is not None else self.policy.reset_timeout
 
     def could_admit(self, now: float | None = None) -> bool:
         """Would :meth:`admit` succeed now? (No side effects.)"""
@@ -348,7 +357,7 @@ class DeploymentBreaker:
         if v.state == CLOSED:
             return True
         if v.state == OPEN:
-            return now >= v.opened_at + self.policy.reset_timeout
+            return now >= v.opened_at + self._open_for(v)
         return v.probes < self.policy.half_open_max_probes or self.backend.has_expired_probe(now)
 
     def hold(self, seconds: float) -> None:
@@ -369,7 +378,7 @@ class DeploymentBreaker:
             "fail_counter": v.fail_counter,
             "generation": v.generation,
             "probes_in_flight": v.probes,
-            "retry_at": v.opened_at + self.policy.reset_timeout if v.state == OPEN else None,
+            "retry_at": v.opened_at + self._open_for(v) if v.state == OPEN else None,
         }
 
     # -- admission -----------------------------------------------------------------------------
@@ -387,6 +396,8 @@ class DeploymentBreaker:
         return adm
 
     def record_success(self, admission: Admission) -> None:
+        if self._rate_limited:
+            self._rate_limited = 0
         if not self.policy.enabled or self.backend.success_is_noop(admission):
             return
         with self._lock:
@@ -399,6 +410,25 @@ class DeploymentBreaker:
         with self._lock:
             self._emit(self.backend.observed())
             self._emit(self.backend.record_failure(admission, self._clock()))
+
+    def record_rate_limited(self, admission: Admission) -> None:
+        """A 429: not an outage. Only ``rate_limit_fail_max`` of them in a row (no success in
+        between) open the breaker; fewer just free the ticket (the Retry-After hold does the rest)."""
+        limit = self.policy.rate_limit_fail_max
+        self._rate_limited += 1
+        if limit is None or self._rate_limited < limit:
+            self.release(admission)
+            return
+        self._rate_limited = 0
+        if not self.policy.enabled:
+            return
+        with self._lock:
+            self._emit(self.backend.observed())
+            for _ in range(self.policy.fail_max):  # enough failures to trip it, whatever the backend
+                changes = self.backend.record_failure(admission, self._clock())
+                self._emit(changes)
+                if changes:
+                    break
 
     def release(self, admission: Admission) -> None:
         """Neither success nor failure (cancelled, or the caller's own error)."""

@@ -37,6 +37,7 @@ OPTION_KEYS = frozenset(
         "idempotent",
         "priority",
         "scenario",
+        "recover_streams",
     }
 )
 
@@ -65,6 +66,7 @@ class CallOptions:
     stream_idle_timeout: float | None = None
     priority: str | None = None
     scenario: str | None = None
+    recover_streams: bool | None = None  # None: the policy decides
 
 
 NO_OPTIONS = CallOptions()
@@ -177,6 +179,9 @@ def split_options(kwargs: Mapping[str, Any]) -> tuple[CallOptions, dict[str, Any
     scenario = kwargs.get("scenario")
     if scenario is not None and not isinstance(scenario, str):
         raise ConfigError("scenario", "must be a string naming a configured static answer")
+    recover = kwargs.get("recover_streams")
+    if recover is not None and not isinstance(recover, bool):
+        raise ConfigError("recover_streams", "must be True or False (None: as the policy says)")
     opts = CallOptions(
         key=key,
         idempotent=bool(kwargs.get("idempotent", True)),
@@ -185,6 +190,7 @@ def split_options(kwargs: Mapping[str, Any]) -> tuple[CallOptions, dict[str, Any
         stream_idle_timeout=positive_seconds("stream_idle_timeout", kwargs.get("stream_idle_timeout")),
         priority=priority,
         scenario=scenario,
+        recover_streams=recover,
     )
     return opts, clean
 
@@ -299,11 +305,26 @@ def final_error(
     return err
 
 
-def attempt_limit(call: CallState, pol: EffectivePolicy) -> float:
-    """The configured time limit of one attempt (first chunk for streams), before the deadline."""
-    if call.stream:
-        return call.opts.first_chunk_timeout or call.opts.attempt_timeout or pol.first_chunk_timeout
-    return call.opts.attempt_timeout or pol.attempt_timeout
+def attempt_limit(
+    call: CallState, pol: EffectivePolicy, *, elsewhere: bool = True, learned: float | None = None
+) -> float:
+    """The time limit of one attempt (to the first chunk for streams), before the deadline.
+
+    A stream's first-chunk limit, unless the caller or the policy set one, is the learned value
+    (or the short static default) while the call has ``elsewhere`` to go, and the whole attempt
+    timeout when it has not: waiting is then better than failing.
+    """
+    attempt = call.opts.attempt_timeout or pol.attempt_timeout
+    if not call.stream:
+        return attempt
+    explicit = call.opts.first_chunk_timeout or call.opts.attempt_timeout
+    if explicit:
+        return explicit
+    if pol.learn_stream_timeouts:
+        if not elsewhere:
+            return attempt
+        return min(attempt, learned) if learned is not None else pol.first_chunk_timeout
+    return pol.first_chunk_timeout
 
 
 def coarse_timeout(seconds: float, cap: float) -> float:

@@ -116,6 +116,14 @@ async def walk_routes(
     walk = _Walk(requested, messages, kwargs)
     while True:
         group, level = walk.group, walk.level
+        if call.failures and not _has_candidates(engine, call, group):
+            # Every deployment of this group already failed this call (a stream resuming
+            # elsewhere): go straight to the next route, nothing to record here.
+            try:
+                _after_exhausted(engine, call, walk, call.failures[-1], kwargs)
+            except _Done as done:
+                return done.result
+            continue
         try:
             # The first attempt runs before tenacity is built: most calls succeed at once and
             # never pay for a retry loop. A failure is handed to tenacity as its attempt 1.
@@ -275,6 +283,11 @@ def finish(
         engine.emit(call, r)
 
 
+def _has_candidates(engine: Engine, call: CallState, group: str) -> bool:
+    """Is any deployment of ``group`` left that this call has not ruled out?"""
+    return any(d not in call.never_again for d in engine.group_deployments[group])
+
+
 def _group_state(engine: Engine, call: CallState, group: str) -> GroupRetryState:
     """What one group's retry predicates consult, fresh for this call."""
     return GroupRetryState(
@@ -287,7 +300,7 @@ def _group_state(engine: Engine, call: CallState, group: str) -> GroupRetryState
         has_fallback=engine.has_fallback(call, group),
         retry_on=engine.retry_on,
         retry_on_max=engine.retry_on_max,
-        has_candidates=lambda: any(d not in call.never_again for d in engine.group_deployments[group]),
+        has_candidates=lambda: _has_candidates(engine, call, group),
     )
 
 

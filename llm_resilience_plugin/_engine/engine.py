@@ -24,10 +24,12 @@ from llm_resilience_plugin._engine.breakers import (
 from llm_resilience_plugin._engine.clock import Clock
 from llm_resilience_plugin._engine.core import (
     CallState,
+    attempt_limit,
     provider_error_as_itself,
 )
 from llm_resilience_plugin._engine.dispatch import Dispatcher
 from llm_resilience_plugin._engine.hedging import HedgeState
+from llm_resilience_plugin._engine.learned import StreamTimings
 from llm_resilience_plugin._engine.retry import RetryBudget, SharedTokens
 from llm_resilience_plugin.errors import ErrorClass, Failure
 from llm_resilience_plugin.events import (
@@ -128,6 +130,7 @@ class Engine:
             g: RetryBudget(p.retry_budget, shared=bucket_for(g, p) if bucket_for is not None else None)
             for g, p in self.policies.items()
         }
+        self.timings = {g: StreamTimings() for g in self.policies}
         self.hedges = {
             g: HedgeState(p.hedge)
             for g, p in self.policies.items()
@@ -183,6 +186,30 @@ class Engine:
         """Is there a generic fallback group this call could still move to?"""
         requested = call.report.requested_group
         return any(g != group for g in self.fallback_chain(requested, ErrorClass.RATE_LIMIT))
+
+    def can_go_elsewhere(self, call: CallState, group: str) -> bool:
+        """Could this call still try another deployment of ``group`` or another group?"""
+        others = [d for d in self.group_deployments[group] if d not in call.never_again]
+        return len(others) > 1 or self.has_fallback(call, group)
+
+    def first_chunk_timeout(self, call: CallState, group: str) -> float:
+        """The first-chunk limit of a stream attempt in ``group`` (see core.attempt_limit)."""
+        pol = self.policies[group]
+        attempt = call.opts.attempt_timeout or pol.attempt_timeout
+        learned = self.timings[group].first_chunk(pol.first_chunk_timeout, attempt)
+        return attempt_limit(call, pol, elsewhere=self.can_go_elsewhere(call, group), learned=learned)
+
+    def idle_timeout(self, call: CallState, group: str) -> float:
+        """The longest silence a stream in ``group`` may keep between chunks."""
+        pol = self.policies[group]
+        if call.opts.stream_idle_timeout:
+            return call.opts.stream_idle_timeout
+        attempt = call.opts.attempt_timeout or pol.attempt_timeout
+        if not pol.learn_idle_timeouts:
+            return pol.stream_idle_timeout
+        if not self.can_go_elsewhere(call, group):
+            return attempt
+        return self.timings[group].idle(pol.stream_idle_timeout, attempt)
 
     def counts_against(self, failure: Failure) -> bool:
         """Is this failure evidence against the deployment (and a spend of the retry budget)?"""
@@ -283,9 +310,12 @@ class Engine:
         dep = actx.picked
         adm = actx.admission
         counts = self.counts_against(failure)
+        pol = self.policies[group]
         if adm is not None:
             b = self.breakers[adm.deployment_id]
-            if counts:
+            if failure.error_class is ErrorClass.RATE_LIMIT:
+                b.record_rate_limited(adm)  # a 429 is not an outage: its own, higher threshold
+            elif counts:
                 b.record_failure(adm)
             else:
                 b.release(adm)
@@ -296,7 +326,10 @@ class Engine:
             self.budgets[group].on_failure()
         if dep is not None:
             call.failed.add(dep)
-            if self.avoid_failed and not self.policies[group].classes[failure.error_class].same_deployment:
+            # A long silence then an error is a silent deployment whatever the class says (a
+            # connection held 15 s then dropped): never wait on it twice in one call.
+            silent = actx.timeout_s > 0 and latency > actx.timeout_s / 2
+            if self.avoid_failed and (silent or not pol.classes[failure.error_class].same_deployment):
                 call.never_again.add(dep)
         sent = actx.sent or (dep is not None and failure.error_class is not ErrorClass.CIRCUIT_OPEN)
         outcome = "failure" if sent else "skipped"

@@ -237,6 +237,21 @@ def scrub_exception(exc: BaseException) -> None:
             continue
 
 
+def answered_with_status(exc: BaseException) -> bool:
+    """Did an HTTP response with a status reach us (not a status LiteLLM made up for a reset,
+    a refused connection or a timeout)?"""
+    for e in _chain(exc):
+        name = type(e).__name__
+        module = type(e).__module__.split(".")[0]
+        if module == "httpx" and name == "HTTPStatusError":
+            return True
+        if module in ("httpx", "aiohttp", "httpcore") or isinstance(e, OSError | TimeoutError):
+            return False
+        if module == "openai" and name in ("APIConnectionError", "APITimeoutError"):
+            return False
+    return True
+
+
 def classify(exc: BaseException) -> Failure:
     """Classify ``exc`` into one :class:`Failure` (class, status, message, Retry-After).
 
@@ -256,5 +271,7 @@ def classify(exc: BaseException) -> Failure:
         return Failure(ErrorClass.BAD_REQUEST, None, f"rejected before sending: {message}", None, exc)
     status = _status_of(exc)
     error_class = _class_of(exc, status, message)
+    if status is not None and not answered_with_status(exc):
+        status = None  # LiteLLM labels a reset or a refused connection 500: no HTTP answer came
     retry_after = retry_after_of(exc) if error_class in (ErrorClass.RATE_LIMIT, ErrorClass.SERVER) else None
     return Failure(error_class, status, message, retry_after, exc)

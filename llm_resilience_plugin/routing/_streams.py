@@ -62,6 +62,33 @@ async def prefetch_stream(stream: Any) -> Prefetched:
             return Prefetched(stream, buffered, done=False)
 
 
+def _text_of(chunk: Any) -> str:
+    """The assistant text a chunk carries (choice 0)."""
+    for choice in getattr(chunk, "choices", None) or []:
+        delta = getattr(choice, "delta", None)
+        text = getattr(delta, "content", None) if delta is not None else None
+        return text if isinstance(text, str) else ""
+    return ""
+
+
+def _after_prefix(chunks: list[Any], skip: int) -> list[Any]:
+    """``chunks`` without their first ``skip`` characters of text (a chunk cut in the middle keeps
+    its tail); chunks without text (usage, finish) pass through."""
+    out: list[Any] = []
+    for chunk in chunks:
+        text = _text_of(chunk)
+        if skip <= 0 or not text:
+            out.append(chunk)
+            continue
+        if len(text) <= skip:
+            skip -= len(text)
+            continue
+        chunk.choices[0].delta.content = text[skip:]
+        skip = 0
+        out.append(chunk)
+    return out
+
+
 def _abandon(engine: Engine, actx: AttemptContext) -> None:
     """A stream nobody finished: free its breaker ticket; the guards settle their estimate (the
     request was sent and may be billed)."""
@@ -157,68 +184,110 @@ class ResilientStream:
                     self.report,
                 ) from exc
             marker, nxt = restart
-            yield marker
-            async for chunk in nxt:
-                yield chunk
+            async for item in self._resumed(marker, nxt):
+                yield item
             return
         self._succeed()
 
+    def _recovers(self) -> bool:
+        opt = self._ctx.opts.recover_streams
+        if opt is not None:
+            return opt
+        pol = self._engine.policies[self.report.requested_group]
+        return pol.restart_broken_streams or pol.continue_streams_with_prefill
+
     async def _restart(self, exc: BaseException) -> tuple[StreamRestart, Any] | None:
-        """Opt-in: continue the partial answer by assistant prefill on a deployment that supports
-        it, or restart from scratch on another route. Any failure here surfaces the original one."""
+        """Resume a broken stream on another route, as often as the policy's cap and the deadline
+        allow: by assistant prefill where the route supports it (the answer continues), else from
+        scratch. A route that fails (or refuses the prefill) never hides the original failure."""
         engine = self._engine
         ctx = self._ctx
         requested = self.report.requested_group
         pol = engine.policies[requested]
+        if (
+            not self._recovers()
+            or self._messages is None
+            or self.report.stream_restarts >= pol.max_stream_restarts
+        ):
+            self._fail(exc, final=True)
+            return None
+        self._fail(exc, final=False)
+        failure = classify(exc)
+        if self._actx.picked is not None:
+            ctx.never_again.add(self._actx.picked)  # resume somewhere else: this one just broke
+        self.report.stream_restarts += 1
+        if ctx.deadline.remaining() <= engine.policy.min_attempt_time:
+            self._give_up(failure)
+            return None
         constrained = "response_format" in self._kwargs or self._kwargs.get("tool_choice") not in (
             None,
             "auto",
             "none",
         )
-        can_continue = (
+        if (
             pol.continue_streams_with_prefill
             and self.partial_text
             and not self._saw_tools
             and not constrained
-        )
-        allowed = pol.restart_broken_streams or can_continue
-        if not allowed or self._messages is None or self.report.stream_restarts >= 1:
-            self._fail(exc, final=True)
-            return None
-        self._fail(exc, final=False)
-        failure = classify(exc)
-        self.report.stream_restarts += 1
-        if ctx.deadline.remaining() <= engine.policy.min_attempt_time:
-            self._give_up(failure)
-            return None
-        if can_continue:
+        ):
             prefill = {"role": "assistant", "content": self.partial_text, "prefix": True}
             ctx.require_prefill = True
             try:
                 nxt = await walk_routes(engine, ctx, requested, [*self._messages, prefill], self._kwargs)
             except Exception:
-                nxt = None  # a rejected prefill never hides the original failure
+                nxt = None  # refused or nowhere to continue: start over instead
             finally:
                 ctx.require_prefill = False
             if nxt is not None:
                 marker = StreamRestart(
-                    ctx.call_id, self._group, self.partial_text, failure.error_class, mode="continue"
+                    ctx.call_id, self._group, self.partial_text, failure.error_class, "continue"
                 )
-                engine.emit(ctx, marker)
                 self._next = nxt
                 return marker, nxt
-            if not pol.restart_broken_streams:
-                self._give_up(failure)
-            return None
-        marker = StreamRestart(ctx.call_id, self._group, self.partial_text, failure.error_class)
-        engine.emit(ctx, marker)
         try:
             nxt = await walk_routes(engine, ctx, requested, self._messages, self._kwargs)
         except Exception:
             self._give_up(failure)
             return None
         self._next = nxt
-        return marker, nxt
+        return StreamRestart(ctx.call_id, self._group, self.partial_text, failure.error_class), nxt
+
+    async def _resumed(self, marker: StreamRestart, nxt: Any) -> AsyncIterator[Any]:
+        """The rest of the answer from the new route. A restart that repeats what the caller
+        already has word for word goes on seamlessly after it (mode "resume", no marker in-band);
+        otherwise the marker comes first, so the caller knows to keep or discard its text."""
+        engine = self._engine
+        delivered = marker.discarded_text
+        it = nxt.__aiter__()
+        if marker.mode == "restart" and delivered:
+            held: list[Any] = []
+            text = ""
+            async for chunk in it:
+                held.append(chunk)
+                text += _text_of(chunk)
+                if len(text) >= len(delivered) or not delivered.startswith(text):
+                    break
+            if text.startswith(delivered):
+                resumed = StreamRestart(
+                    marker.call_id, marker.model_group, delivered, marker.error_class, "resume"
+                )
+                engine.emit(self._ctx, resumed)
+                for chunk in _after_prefix(held, len(delivered)):
+                    yield chunk
+                async for chunk in it:
+                    yield chunk
+                return
+            engine.emit(self._ctx, marker)
+            yield marker
+            for chunk in held:
+                yield chunk
+            async for chunk in it:
+                yield chunk
+            return
+        engine.emit(self._ctx, marker)
+        yield marker
+        async for chunk in it:
+            yield chunk
 
     def _give_up(self, failure: Any) -> None:
         """Surface the original mid-stream failure after a recovery attempt did not work."""
@@ -295,6 +364,7 @@ class ResilientStream:
         if final:
             self.report.outcome = "failure"
             self.report.error_class = failure.error_class
+            self.report.total_latency_s = engine.clock.wall() - self.report.started_at
             engine.emit(self._ctx, self.report)
 
     def _close_cancelled(self) -> None:

@@ -674,7 +674,7 @@ async def test_long_retry_after_fails_over_when_a_fallback_exists(make_router: R
     router = make_router(
         {"primary": ["a"], "backup": ["b"]}, fallbacks=[{"primary": ["backup"]}], clock=clock
     )
-    sim.script("a", Fault.rate_limit(retry_after=2))
+    sim.script("a", Fault.rate_limit(retry_after=8))  # longer than backoff.max_wait_with_fallback (3 s)
     resp = await router.acompletion(model="primary", messages=MSG)
     assert get_report(resp).served_group == "backup"  # type: ignore[union-attr]
     assert clock.slept == [] and (sim.count("a"), sim.count("b")) == (1, 1)
@@ -710,3 +710,49 @@ async def test_the_rest_of_a_deadline_reaches_litellm_as_a_coarse_timeout(make_r
     reads = {getattr(t, "read", t) for t in seen}
     assert reads == {10.0}  # 9.99... s left each time, sent as 10 s
     assert len({id(t) for t in seen}) == 1  # one timeout object, one cached LiteLLM client
+
+
+async def test_a_short_retry_after_is_waited_out_on_the_group_asked_for(make_router: RouterFactory, sim):
+    """A fallback is a degradation: a 2 s Retry-After that fits the deadline keeps the call on
+    the model the caller asked for (the default bound is 3 s)."""
+    clock = FakeClock()
+    router = make_router(
+        {"primary": ["a"], "backup": ["b"]}, fallbacks=[{"primary": ["backup"]}], clock=clock
+    )
+    sim.script("a", Fault.rate_limit(retry_after=2))
+    resp = await router.acompletion(model="primary", messages=MSG)
+    assert get_report(resp).served_group == "primary"  # type: ignore[union-attr]
+    assert clock.slept and clock.slept[-1] >= 1.9 and sim.count("b") == 0
+
+
+async def test_a_short_retry_after_prefers_a_free_deployment_of_the_same_group(
+    make_router: RouterFactory, sim
+):
+    clock = FakeClock()
+    router = make_router(
+        {"primary": ["a", "c"], "backup": ["b"]}, fallbacks=[{"primary": ["backup"]}], clock=clock
+    )
+    sim.set_default("a", Fault.rate_limit(retry_after=2))
+    sim.set_default("c", Fault.rate_limit(retry_after=2))
+    sim.script("c", Fault.ok())  # c answers its first request
+    sim.script("a", Fault.rate_limit(retry_after=2))
+    for _ in range(4):
+        resp = await router.acompletion(model="primary", messages=MSG)
+        assert get_report(resp).served_group == "primary"  # type: ignore[union-attr]
+        sim.script("c", Fault.ok())
+    assert sim.count("b") == 0
+
+
+async def test_a_long_silence_then_a_drop_is_not_retried_on_the_same_deployment(
+    make_router: RouterFactory, sim
+):
+    router = make_router(
+        {"primary": ["a"], "backup": ["b"]},
+        fallbacks=[{"primary": ["backup"]}],
+        policy={"attempt_timeout": 0.6},
+    )
+    sim.set_default("a", Fault.silence(max_hold=0.4))  # holds 0.4 s (over half the timeout), then drops
+    resp = await router.acompletion(model="primary", messages=MSG)
+    report = get_report(resp)
+    assert report is not None and report.served_group == "backup"
+    assert sim.count("a") == 1  # a connection error, but after a long silence: not retried there

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -22,7 +23,9 @@ class Now:
         return self.t
 
 
-def make(fail_max: int = 3, reset: float = 10, success: int = 1, probes: int = 1):
+def make(
+    fail_max: int = 3, reset: float = 10, success: int = 1, probes: int = 1, min_reset: float | None = None
+):
     now = Now()
     events: list[BreakerTransition] = []
     b = DeploymentBreaker(
@@ -31,6 +34,7 @@ def make(fail_max: int = 3, reset: float = 10, success: int = 1, probes: int = 1
         BreakerPolicy(
             fail_max=fail_max,
             reset_timeout=reset,
+            min_reset_timeout=reset if min_reset is None else min_reset,  # a fixed window unless asked
             success_threshold=success,
             half_open_max_probes=probes,
         ),
@@ -231,3 +235,51 @@ class BreakerModel(RuleBasedStateMachine):
 
 TestBreakerModel = BreakerModel.TestCase
 TestBreakerModel.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+def test_the_open_window_starts_short_and_doubles_with_each_failed_probe():
+    b, now, _ = make(fail_max=1, reset=30, min_reset=2)
+    b.record_failure(b.admit())  # type: ignore[arg-type]
+    windows = []
+    for _ in range(6):  # each failed probe: the next window is twice as long, up to reset_timeout
+        start = now.t
+        probe = b.admit()
+        while probe is None:
+            now.t += 0.25
+            probe = b.admit()
+        windows.append(now.t - start)
+        assert probe.probe
+        b.record_failure(probe)
+    assert windows == pytest.approx([2, 4, 8, 16, 30, 30], abs=0.26)
+
+
+def test_a_success_brings_the_window_back_to_its_start():
+    b, now, _ = make(fail_max=1, reset=30, min_reset=2)
+    b.record_failure(b.admit())  # type: ignore[arg-type]
+    now.t += 2
+    probe = b.admit()
+    assert probe is not None and probe.probe
+    b.record_failure(probe)  # the window doubles to 4 s
+    now.t += 4
+    probe = b.admit()
+    assert probe is not None
+    b.record_success(probe)  # recovered: closed, and the next outage starts at 2 s again
+    assert b.state == "closed"
+    b.record_failure(b.admit())  # type: ignore[arg-type]
+    now.t += 1.9
+    assert b.admit() is None
+    now.t += 0.2
+    assert b.admit() is not None
+
+
+def test_rate_limits_open_the_breaker_only_at_their_own_threshold():
+    b, _now, _ = make(fail_max=3)
+    for _ in range(9):  # nine 429s in a row: the deployment is rate limited, not down
+        b.record_rate_limited(b.admit())  # type: ignore[arg-type]
+    assert b.state == "closed"
+    b.record_success(b.admit())  # type: ignore[arg-type]
+    for _ in range(9):
+        b.record_rate_limited(b.admit())  # type: ignore[arg-type]
+    assert b.state == "closed"  # the success in between started the count again
+    b.record_rate_limited(b.admit())  # type: ignore[arg-type]
+    assert b.state == "open"  # ten in a row: nothing but 429s, stop knocking

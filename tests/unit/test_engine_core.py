@@ -208,3 +208,36 @@ def test_options_are_taken_out_of_litellms_kwargs() -> None:
     assert clean == {"temperature": 0}
     assert opts.attempt_timeout == 3.0 and not opts.idempotent and opts.priority == "low"
     assert not math.isnan(opts.attempt_timeout)
+
+
+def _stream_call(engine: Engine) -> CallState:
+    report = CallReport("s1", "primary", True, engine.clock.wall())
+    return CallState("s1", report, Deadline.after(engine.clock, 60), True, None, None)
+
+
+def test_stream_timeouts_are_short_while_the_call_can_go_elsewhere_and_learned_after() -> None:
+    engine, _, _ = _engine({}, attempt_timeout=30, deadline=60)
+    call = _stream_call(engine)
+    # primary has two deployments and a fallback: a short static default, not the 30 s attempt
+    assert engine.first_chunk_timeout(call, "primary") == 10.0
+    assert engine.idle_timeout(call, "primary") == 10.0
+    # backup has one deployment and no fallback: nowhere else to go, so waiting is better
+    backup = CallState(
+        "s2", CallReport("s2", "backup", True, 0.0), Deadline.after(engine.clock, 60), True, None, None
+    )
+    assert engine.first_chunk_timeout(backup, "backup") == 30.0
+    # learned from the group's streams: 4 x the p95 of what it really does
+    for _ in range(30):
+        engine.timings["primary"].observe_ttft(0.5)
+        engine.timings["primary"].observe_gap(0.2)
+    assert engine.first_chunk_timeout(call, "primary") == pytest.approx(2.0)
+    assert engine.idle_timeout(call, "primary") == pytest.approx(1.0)  # never below the 1 s floor
+
+
+def test_configured_stream_timeouts_are_never_learned_over() -> None:
+    engine, _, _ = _engine({}, attempt_timeout=30, first_chunk_timeout=7, stream_idle_timeout=4)
+    call = _stream_call(engine)
+    for _ in range(30):
+        engine.timings["primary"].observe_ttft(0.1)
+    assert engine.first_chunk_timeout(call, "primary") == 7
+    assert engine.idle_timeout(call, "primary") == 4
