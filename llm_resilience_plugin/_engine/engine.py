@@ -52,6 +52,39 @@ BackendFor = Callable[[DeploymentInfo, EffectivePolicy], BreakerBackend | None]
 BucketFor = Callable[[str, EffectivePolicy], SharedTokens | None]
 
 
+def _seconds(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
+        return None
+    return float(value)
+
+
+def own_timeouts(
+    policies: Mapping[str, EffectivePolicy],
+    deployments: Mapping[str, DeploymentInfo],
+    groups: Mapping[str, list[str]],
+) -> dict[str, EffectivePolicy]:
+    """The user's own LiteLLM settings win: a group whose deployments all set ``timeout`` (and
+    ``stream_timeout``) in their ``litellm_params`` gets that as its attempt (first-chunk) timeout
+    instead of the policy's default - the largest, when they differ, since the engine cannot know
+    which one LiteLLM will pick."""
+    out: dict[str, EffectivePolicy] = {}
+    for group, ids in groups.items():
+        update: dict[str, float] = {}
+        for param, field in (("timeout", "attempt_timeout"), ("stream_timeout", "first_chunk_timeout")):
+            values = [_seconds(deployments[d].params.get(param)) for d in ids]
+            if values and all(v is not None for v in values):
+                update[field] = max(v for v in values if v is not None)
+        if update:
+            pol = policies[group]
+            changes: dict[str, Any] = dict(update)
+            if "first_chunk_timeout" in update:
+                changes["learn_stream_timeouts"] = False  # the deployment said how long: keep it
+            else:
+                changes["first_chunk_timeout"] = min(pol.first_chunk_timeout, update["attempt_timeout"])
+            out[group] = pol.model_copy(update=changes)
+    return out
+
+
 class Engine:
     """Breakers per deployment, a retry budget and hedging state per group, and one attempt's
     bookkeeping. Public to the package: routing, streams and drivers use it, users do not."""
@@ -103,6 +136,7 @@ class Engine:
         self.policies: dict[str, EffectivePolicy] = {
             g: self.policy.for_group(g) for g in self.group_deployments
         }
+        self.policies.update(own_timeouts(self.policies, self.deployments, self.group_deployments))
         self.policies.update(policies or {})
         self.dispatcher: Dispatcher | None = None
         self._not_closed: set[str] = set()

@@ -229,3 +229,22 @@ def test_closing_routers_leaves_no_thread_behind(sim: ProviderSimulator) -> None
         router.close()
         router.close()  # idempotent
     assert threading.active_count() <= before
+
+
+async def test_a_deployments_own_timeout_is_its_attempt_timeout(sim: ProviderSimulator) -> None:
+    """The user's own LiteLLM settings win: litellm_params.timeout is the attempt timeout (the
+    policy's 5 s is only the default), in the call and in the effective policy check prints."""
+    import time
+
+    model_list = [deployment(sim, "primary", "a", timeout=0.3), deployment(sim, "backup", "b")]
+    router = ResilientRouter(model_list=model_list, policy=FAST_POLICY, fallbacks=[{"primary": ["backup"]}])
+    try:
+        assert router.effective_policy("primary").attempt_timeout == 0.3
+        assert router.effective_policy("backup").attempt_timeout == FAST_POLICY["attempt_timeout"]
+        sim.set_default("a", Fault.silence(5))
+        t0 = time.monotonic()
+        resp = await router.acompletion(model="primary", messages=MSG)
+        assert get_report(resp).served_group == "backup"  # type: ignore[union-attr]
+        assert time.monotonic() - t0 < 2.0  # one 0.3 s attempt, not the policy's 5 s
+    finally:
+        router.close()
