@@ -14,7 +14,11 @@ two sums - ``spent`` and ``reserved`` - and offers five operations:
 
 Money is kept as integer nano-dollars (1e-9 $) so sums are exact whatever the order of
 additions; the API speaks float dollars. Reservations carry an expiry: a process that dies
-between reserve and settle does not hold budget forever (the next reserve reaps it).
+between reserve and settle does not hold budget forever. The next reserve *reaps* it - settles
+it at its reserved amount (the request may have been sent and billed), logged as a
+:class:`SpendEntry` marked ``reaped`` and ``estimated`` - never silently drops it. If the
+reservation's own settle or release arrives after all, it replaces that estimate (the reaped
+entry is taken back) for :data:`REAPED_MEMORY` seconds after the reaping.
 
 :class:`MemoryLedger` (one process) and :class:`SQLiteLedger` (WAL, ``BEGIN IMMEDIATE``: atomic
 across threads and processes on one machine, survives restarts) implement it; a Redis backend
@@ -23,18 +27,25 @@ implements the same abstract methods (a Lua script for ``reserve``/``settle``/``
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import threading
+import time
 import uuid
 from abc import ABC, abstractmethod
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from llm_resilience_plugin.errors import BudgetExceededError, ConfigError
 
 NANO = 1_000_000_000
+REAPED_MEMORY = 86400.0  # seconds a reaped reservation is remembered, so a late settle replaces it
+REAPED_REMEMBERED = 100_000  # reaped reservations the in-memory ledger remembers at most
+
+logger = logging.getLogger("llm_resilience.cost")
 
 
 def to_nano(dollars: float) -> int:
@@ -47,6 +58,7 @@ def to_nano(dollars: float) -> int:
 
 
 def from_nano(units: int) -> float:
+    """Integer nano-dollars -> dollars."""
     return units / NANO
 
 
@@ -140,8 +152,10 @@ class SpendEntry:
     completion_tokens: int = 0
     request_id: str | None = None
     estimated: bool = False  # settled at the estimate (no usage known)
+    reaped: bool = False  # its process never settled it: the ledger settled it at its reservation
 
     def to_dict(self) -> dict[str, Any]:
+        """The entry as a JSON-ready dict (what the Redis ledger logs and the CLI prints)."""
         return {
             "ts": self.ts,
             "day": self.day,
@@ -155,7 +169,60 @@ class SpendEntry:
             "completion_tokens": self.completion_tokens,
             "request_id": self.request_id,
             "estimated": self.estimated,
+            "reaped": self.reaped,
         }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> SpendEntry:
+        """The entry :meth:`to_dict` wrote (``cost_nano``, when present, wins over ``cost``)."""
+        cost = from_nano(int(d["cost_nano"])) if d.get("cost_nano") is not None else float(d["cost"])
+        return cls(
+            ts=float(d["ts"]),
+            day=str(d["day"]),
+            month=str(d["month"]),
+            cost=cost,
+            model=d.get("model"),
+            model_group=d.get("model_group"),
+            deployment_id=d.get("deployment_id"),
+            scopes=d.get("scopes") or {},
+            prompt_tokens=int(d.get("prompt_tokens") or 0),
+            completion_tokens=int(d.get("completion_tokens") or 0),
+            request_id=d.get("request_id"),
+            estimated=bool(d.get("estimated")),
+            reaped=bool(d.get("reaped")),
+        )
+
+
+def reaped_entry(reservation: Reservation, entry: SpendEntry | None) -> SpendEntry:
+    """What the spend log records for a reaped reservation: the entry its guard gave at reserve
+    time (else one dated by the reservation, in UTC), at the reserved amount, marked reaped."""
+    if entry is None:
+        t = time.gmtime(reservation.created_at)
+        entry = SpendEntry(
+            ts=reservation.created_at,
+            day=time.strftime("%Y-%m-%d", t),
+            month=time.strftime("%Y-%m", t),
+            cost=0.0,
+        )
+    return replace(entry, cost=reservation.amount, estimated=True, reaped=True)
+
+
+def log_reaped(reservation_id: str, amount: float, entry: SpendEntry | None, keys: Iterable[str]) -> None:
+    """Log one reaped reservation as ``reservation_reaped`` (a process died or a call outlived
+    ``reservation_ttl``: its reservation became spend at the estimate)."""
+    logger.warning(
+        "reservation_reaped",
+        extra={
+            "llm_event_name": "reservation_reaped",
+            "llm_event": {
+                "reservation_id": reservation_id,
+                "amount": amount,
+                "request_id": entry.request_id if entry is not None else None,
+                "model": entry.model if entry is not None else None,
+                "budgets": sorted(keys),
+            },
+        },
+    )
 
 
 @dataclass(slots=True)
@@ -164,6 +231,7 @@ class SpendReport:
 
     total: float = 0.0
     calls: int = 0
+    reaped: int = 0  # of the calls, those settled by reaping (at their reserved estimate)
     prompt_tokens: int = 0
     completion_tokens: int = 0
     by_day: dict[str, float] = field(default_factory=dict)
@@ -192,6 +260,7 @@ class SpendReport:
             units = to_nano(e.cost)
             total += units
             rep.calls += 1
+            rep.reaped += int(e.reaped)
             rep.prompt_tokens += e.prompt_tokens
             rep.completion_tokens += e.completion_tokens
             add("day", e.day, units)
@@ -218,6 +287,7 @@ class SpendReport:
         return {
             "total": self.total,
             "calls": self.calls,
+            "reaped": self.reaped,
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "by_day": self.by_day,
@@ -231,6 +301,8 @@ class SpendReport:
 
     def __str__(self) -> str:
         lines = [f"total ${self.total:.6f} over {self.calls} settled call(s)"]
+        if self.reaped:
+            lines[0] += f", {self.reaped} reaped at their estimate (their process never settled them)"
         for title, table in (
             ("by day", self.by_day),
             ("by model", self.by_model),
@@ -266,9 +338,21 @@ class Ledger(ABC):
     keys it is given (check every key, then add to every key, or change nothing)."""
 
     @abstractmethod
-    def reserve(self, keys: Sequence[BudgetKey], amount: float, *, now: float, ttl: float) -> Reservation:
+    def reserve(
+        self,
+        keys: Sequence[BudgetKey],
+        amount: float,
+        *,
+        now: float,
+        ttl: float,
+        entry: SpendEntry | None = None,
+    ) -> Reservation:
         """Hold ``amount`` against every key or raise ``BudgetExceededError`` naming the first
-        key it does not fit (its label, spend incl. in-flight reservations, amount, limit)."""
+        key it does not fit (its label, spend incl. in-flight reservations, amount, limit).
+
+        Reservations past their expiry are reaped first: each becomes spend at its reserved
+        amount, logged as its ``entry`` (see :func:`reaped_entry`). ``entry`` is what to log
+        for this reservation if it is reaped in turn."""
 
     @abstractmethod
     def settle(
@@ -276,11 +360,12 @@ class Ledger(ABC):
     ) -> list[KeyUsage]:
         """Replace the reservation by ``actual`` spend on its keys; returns their new usage.
 
-        Settling a reservation that was already reaped (expired) still records the spend."""
+        Settling a reservation that was already reaped replaces the reaped estimate (its spend
+        and its log entry) by ``actual``, once, within :data:`REAPED_MEMORY` seconds."""
 
     @abstractmethod
     def release(self, reservation: Reservation) -> None:
-        """Drop the reservation (idempotent)."""
+        """Drop the reservation (idempotent); one already reaped takes its reaped spend back."""
 
     @abstractmethod
     def usage(self, keys: Sequence[BudgetKey]) -> list[KeyUsage]:
@@ -330,9 +415,11 @@ class MemoryLedger(Ledger):
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._rows: dict[str, _Row] = {}
-        self._reservations: dict[str, Reservation] = {}
+        self._reservations: dict[str, tuple[Reservation, SpendEntry | None]] = {}
         self._entries: list[SpendEntry] = []
         self._alerts: set[tuple[str, float]] = set()
+        # reaped reservations: id -> (the reservation, its reaped units, its log entry, reaped at)
+        self._reaped: OrderedDict[str, tuple[Reservation, int, SpendEntry, float]] = OrderedDict()
         self._next_reap = 0.0
 
     def _row(self, key: BudgetKey) -> _Row:
@@ -348,7 +435,15 @@ class MemoryLedger(Ledger):
             row.key = BudgetKey(key.budget, key.scope, key.window, key.limit, exp)
         return row
 
-    def reserve(self, keys: Sequence[BudgetKey], amount: float, *, now: float, ttl: float) -> Reservation:
+    def reserve(
+        self,
+        keys: Sequence[BudgetKey],
+        amount: float,
+        *,
+        now: float,
+        ttl: float,
+        entry: SpendEntry | None = None,
+    ) -> Reservation:
         units = to_nano(amount)
         with self._lock:
             if now >= self._next_reap:
@@ -360,29 +455,55 @@ class MemoryLedger(Ledger):
             for row in rows:
                 row.reserved += units
             res = Reservation(uuid.uuid4().hex, tuple(keys), from_nano(units), now, now + ttl)
-            self._reservations[res.id] = res
+            self._reservations[res.id] = (res, entry)
             return res
 
     def _reap(self, now: float) -> None:
+        """Settle every expired reservation at its reserved amount; forget idle keys."""
         self._next_reap = now + 1.0
-        for rid, res in list(self._reservations.items()):
+        for rid, (res, entry) in list(self._reservations.items()):
             if res.expires_at <= now:
-                self._drop(rid)
+                units = self._drop(rid)
+                for k in res.keys:
+                    row = self._rows.get(k.id)
+                    if row is not None:
+                        row.spent += units
+                logged = reaped_entry(res, entry)
+                self._entries.append(logged)
+                self._reaped[rid] = (res, units, logged, now)
+                log_reaped(rid, res.amount, entry, (k.label for k in res.keys))
+        while self._reaped and (
+            len(self._reaped) > REAPED_REMEMBERED
+            or next(iter(self._reaped.values()))[3] <= now - REAPED_MEMORY
+        ):
+            self._reaped.popitem(last=False)
         for kid, row in list(self._rows.items()):
             exp = row.key.expires_at
             if exp is not None and exp <= now and row.reserved == 0:
                 del self._rows[kid]
 
-    def _drop(self, rid: str) -> bool:
-        res = self._reservations.pop(rid, None)
-        if res is None:
-            return False
-        units = to_nano(res.amount)
-        for k in res.keys:
+    def _drop(self, rid: str) -> int:
+        """Take a live reservation off its keys; returns its units (0: not held)."""
+        held = self._reservations.pop(rid, None)
+        if held is None:
+            return 0
+        units = to_nano(held[0].amount)
+        for k in held[0].keys:
             row = self._rows.get(k.id)
             if row is not None:
                 row.reserved = max(0, row.reserved - units)
-        return True
+        return units
+
+    def _unreap(self, rid: str) -> int:
+        """Take back a reaped reservation's log entry; returns the units it was settled at."""
+        reaped = self._reaped.pop(rid, None)
+        if reaped is None:
+            return 0
+        try:
+            self._entries.remove(reaped[2])
+        except ValueError:  # pragma: no cover - the log is append-only otherwise
+            pass
+        return reaped[1]
 
     def settle(
         self, reservation: Reservation, actual: float, entry: SpendEntry | None = None
@@ -390,10 +511,11 @@ class MemoryLedger(Ledger):
         units = to_nano(actual)
         with self._lock:
             self._drop(reservation.id)
+            back = self._unreap(reservation.id)
             out = []
             for k in reservation.keys:
                 row = self._row(k)
-                row.spent += units
+                row.spent = max(0, row.spent + units - back)
                 out.append(self._usage(row))
             if entry is not None:
                 self._entries.append(entry)
@@ -402,6 +524,12 @@ class MemoryLedger(Ledger):
     def release(self, reservation: Reservation) -> None:
         with self._lock:
             self._drop(reservation.id)
+            back = self._unreap(reservation.id)
+            if back:
+                for k in reservation.keys:
+                    row = self._rows.get(k.id)
+                    if row is not None:
+                        row.spent = max(0, row.spent - back)
 
     @staticmethod
     def _usage(row: _Row) -> KeyUsage:
@@ -493,6 +621,7 @@ def open_ledger(spec: Ledger | str | os.PathLike[str] | None) -> Ledger:
 
 __all__ = [
     "NANO",
+    "REAPED_MEMORY",
     "BudgetKey",
     "KeyUsage",
     "Ledger",
@@ -501,6 +630,8 @@ __all__ = [
     "SpendEntry",
     "SpendReport",
     "from_nano",
+    "log_reaped",
     "open_ledger",
+    "reaped_entry",
     "refusal",
 ]

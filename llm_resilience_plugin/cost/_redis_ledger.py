@@ -2,10 +2,13 @@
 against, with the same windows and scopes as the SQLite ledger.
 
 ``reserve``/``settle``/``release`` are single Lua scripts (``cost/lua/*.lua``), atomic over all
-the keys of a call and idempotent per reservation id. The ledger runs on shared_state's
-connection layer (:class:`~llm_resilience_plugin.shared_state.RedisSharedState`: health,
-background thread, reconnection), which is imported only when a ledger is built, so
-``llm_resilience_plugin.cost`` works without redis-py (the ``redis`` extra).
+the keys of a call and idempotent per reservation id. ``reserve`` reaps expired reservations
+first: each becomes spend at its reserved amount, logged as a reaped entry (a worker that died
+mid-call does not lose its spend); a late settle or release replaces that estimate. The ledger
+runs on shared_state's connection layer
+(:class:`~llm_resilience_plugin.shared_state.RedisSharedState`: health, background thread,
+reconnection), which is imported only when a ledger is built, so ``llm_resilience_plugin.cost``
+works without redis-py (the ``redis`` extra).
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from llm_resilience_plugin.cost._ledger import (
     Reservation,
     SpendEntry,
     from_nano,
+    logger,
+    reaped_entry,
     refusal,
     to_nano,
 )
@@ -134,20 +139,17 @@ def _entry_json(entry: SpendEntry) -> str:
 
 
 def _entry_from(member: str) -> SpendEntry:
-    d = json.loads(member.split("|", 1)[1])
-    return SpendEntry(
-        ts=d["ts"],
-        day=d["day"],
-        month=d["month"],
-        cost=from_nano(int(d["cost_nano"])),
-        model=d.get("model"),
-        model_group=d.get("model_group"),
-        deployment_id=d.get("deployment_id"),
-        scopes=d.get("scopes") or {},
-        prompt_tokens=int(d.get("prompt_tokens") or 0),
-        completion_tokens=int(d.get("completion_tokens") or 0),
-        request_id=d.get("request_id"),
-        estimated=bool(d.get("estimated")),
+    return SpendEntry.from_dict(json.loads(member.split("|", 1)[1]))
+
+
+def _log_reaped_remote(count: int, units: int) -> None:
+    """Log that a reserve reaped ``count`` expired reservations of the fleet into spend."""
+    logger.warning(
+        "reservation_reaped",
+        extra={
+            "llm_event_name": "reservation_reaped",
+            "llm_event": {"reservations": count, "amount": from_nano(units)},
+        },
     )
 
 
@@ -231,13 +233,23 @@ class RedisLedger(Ledger):
 
     # -- Ledger ------------------------------------------------------------------------------
 
-    def reserve(self, keys: Sequence[BudgetKey], amount: float, *, now: float, ttl: float) -> Reservation:
+    def reserve(
+        self,
+        keys: Sequence[BudgetKey],
+        amount: float,
+        *,
+        now: float,
+        ttl: float,
+        entry: SpendEntry | None = None,
+    ) -> Reservation:
         units = to_nano(amount)
         res = Reservation(uuid.uuid4().hex, tuple(keys), from_nano(units), now, now + ttl)
         if self.shared.available and not self._journal:
             args: list[Any] = [res.id, units, repr(now), repr(res.expires_at), len(keys)]
             for k in keys:
                 args.extend(_key_args(k))
+            if_reaped = reaped_entry(res, entry)  # what the log says if this one is reaped in turn
+            args += [f"{res.id}|{_entry_json(if_reaped)}", repr(if_reaped.ts), self.done_ttl]
             try:
                 r = self._run("ledger_reserve", args)
             except self.shared.Unavailable:
@@ -250,13 +262,15 @@ class RedisLedger(Ledger):
                     spent, reserved = int(r[2]), int(r[3])
                     self._remember_key(k.id, spent, reserved)
                     raise refusal(k, spent, reserved, units)
+                if status == "ok" and len(r) > 1 and int(r[1]):
+                    _log_reaped_remote(int(r[1]), int(r[2]))
                 return res
         if self.on_error == "fail_closed":
             raise LedgerUnavailableError(self.shared.down_reason or "reconnecting")
-        return self._reserve_local(keys, res, now, ttl)
+        return self._reserve_local(keys, res, now, ttl, entry)
 
     def _reserve_local(
-        self, keys: Sequence[BudgetKey], res: Reservation, now: float, ttl: float
+        self, keys: Sequence[BudgetKey], res: Reservation, now: float, ttl: float, entry: SpendEntry | None
     ) -> Reservation:
         with self._lock:
             local = self._local
@@ -270,7 +284,7 @@ class RedisLedger(Ledger):
                     if spent + reserved:  # what the fleet had spent or held when Redis went away
                         seed = Reservation(f"seed-{k.id}", (k,), 0.0, now, now)
                         local.settle(seed, from_nano(spent + reserved))
-        got = local.reserve(keys, res.amount, now=now, ttl=ttl)
+        got = local.reserve(keys, res.amount, now=now, ttl=ttl, entry=entry)
         with self._lock:
             self._local_res[res.id] = (local, got)
         return Reservation(res.id, got.keys, got.amount, got.created_at, got.expires_at)
@@ -388,7 +402,7 @@ class RedisLedger(Ledger):
 
     def prune(self, now: float) -> None:
         try:
-            self._run("ledger_prune", [repr(now)])
+            self._run("ledger_prune", [repr(now), self.done_ttl])
         except self.shared.Unavailable:
             pass
 

@@ -1,5 +1,6 @@
 """The SQLite ledger: WAL and ``BEGIN IMMEDIATE`` make reserve/settle atomic across threads and
-processes on one machine, and spend survives restarts."""
+processes on one machine, and spend survives restarts - including the spend of a process that
+died mid-call: its expired reservations are settled at their estimate by the next reserve."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from llm_resilience_plugin.cost._ledger import (
+    REAPED_MEMORY,
     BudgetKey,
     KeyUsage,
     Ledger,
@@ -20,10 +22,12 @@ from llm_resilience_plugin.cost._ledger import (
     SpendEntry,
     SpendReport,
     from_nano,
+    log_reaped,
+    reaped_entry,
     refusal,
     to_nano,
 )
-from llm_resilience_plugin.errors import ConfigError
+from llm_resilience_plugin.errors import BudgetExceededError, ConfigError
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS budget_keys (
@@ -42,9 +46,18 @@ CREATE TABLE IF NOT EXISTS reservations (
     keys TEXT NOT NULL,
     amount_nano INTEGER NOT NULL,
     created_at REAL NOT NULL,
-    expires_at REAL NOT NULL
+    expires_at REAL NOT NULL,
+    entry TEXT
 );
 CREATE INDEX IF NOT EXISTS reservations_expiry ON reservations (expires_at);
+CREATE TABLE IF NOT EXISTS reaped (
+    id TEXT PRIMARY KEY,
+    keys TEXT NOT NULL,
+    amount_nano INTEGER NOT NULL,
+    spend_seq INTEGER,
+    reaped_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS reaped_at ON reaped (reaped_at);
 CREATE TABLE IF NOT EXISTS spend (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     ts REAL NOT NULL,
@@ -58,7 +71,8 @@ CREATE TABLE IF NOT EXISTS spend (
     prompt_tokens INTEGER NOT NULL,
     completion_tokens INTEGER NOT NULL,
     request_id TEXT,
-    estimated INTEGER NOT NULL DEFAULT 0
+    estimated INTEGER NOT NULL DEFAULT 0,
+    reaped INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS spend_ts ON spend (ts);
 CREATE TABLE IF NOT EXISTS alerts (
@@ -67,6 +81,37 @@ CREATE TABLE IF NOT EXISTS alerts (
     PRIMARY KEY (key_id, threshold)
 );
 """
+
+# Columns added since the first schema: (table, column, declaration), added to older files on open.
+_ADDED_COLUMNS = (
+    ("reservations", "entry", "TEXT"),
+    ("spend", "reaped", "INTEGER NOT NULL DEFAULT 0"),
+)
+
+_INSERT_SPEND = (
+    "INSERT INTO spend (ts, day, month, cost_nano, model, model_group, deployment_id, scopes,"
+    " prompt_tokens, completion_tokens, request_id, estimated, reaped)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+def _spend_row(entry: SpendEntry) -> tuple[Any, ...]:
+    """``entry`` as the values of :data:`_INSERT_SPEND`."""
+    return (
+        entry.ts,
+        entry.day,
+        entry.month,
+        to_nano(entry.cost),
+        entry.model,
+        entry.model_group,
+        entry.deployment_id,
+        json.dumps(dict(entry.scopes), sort_keys=True),
+        int(entry.prompt_tokens),
+        int(entry.completion_tokens),
+        entry.request_id,
+        int(entry.estimated),
+        int(entry.reaped),
+    )
 
 
 class SQLiteLedger(Ledger):
@@ -112,6 +157,9 @@ class SQLiteLedger(Ledger):
             for stmt in _SCHEMA.split(";"):
                 if stmt.strip():
                     conn.execute(stmt)
+            for table, column, decl in _ADDED_COLUMNS:
+                if column not in {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}:
+                    conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
         self._local.conn = conn
         self._local.pid = pid
         with self._all_lock:
@@ -145,27 +193,47 @@ class SQLiteLedger(Ledger):
         ).fetchone()
         return int(row[0]), int(row[1])
 
-    def reserve(self, keys: Sequence[BudgetKey], amount: float, *, now: float, ttl: float) -> Reservation:
+    def reserve(
+        self,
+        keys: Sequence[BudgetKey],
+        amount: float,
+        *,
+        now: float,
+        ttl: float,
+        entry: SpendEntry | None = None,
+    ) -> Reservation:
         units = to_nano(amount)
         conn = self._conn()
-        with _immediate(conn):
+        refused: BudgetExceededError | None = None
+        with _immediate(conn):  # one transaction, committed even when the reservation is refused
             if now >= self._next_reap:
-                self._reap(conn, now)
+                self._reap(conn, now)  # (the reaping stands either way)
             for k in keys:
                 spent, reserved = self._upsert(conn, k)
                 if spent + reserved + units > to_nano(k.limit):
-                    raise refusal(k, spent, reserved, units)  # rolls back
-            conn.executemany(
-                "UPDATE budget_keys SET reserved_nano = reserved_nano + ? WHERE id = ?",
-                [(units, k.id) for k in keys],
-            )
-            res = Reservation(uuid.uuid4().hex, tuple(keys), from_nano(units), now, now + ttl)
-            conn.execute(
-                "INSERT INTO reservations (id, keys, amount_nano, created_at, expires_at)"
-                " VALUES (?, ?, ?, ?, ?)",
-                (res.id, json.dumps([k.id for k in keys]), units, now, res.expires_at),
-            )
-            return res
+                    refused = refusal(k, spent, reserved, units)
+                    break
+            if refused is None:
+                conn.executemany(
+                    "UPDATE budget_keys SET reserved_nano = reserved_nano + ? WHERE id = ?",
+                    [(units, k.id) for k in keys],
+                )
+                res = Reservation(uuid.uuid4().hex, tuple(keys), from_nano(units), now, now + ttl)
+                conn.execute(
+                    "INSERT INTO reservations (id, keys, amount_nano, created_at, expires_at, entry)"
+                    " VALUES (?, ?, ?, ?, ?, ?)",
+                    (
+                        res.id,
+                        json.dumps([k.id for k in keys]),
+                        units,
+                        now,
+                        res.expires_at,
+                        None if entry is None else json.dumps(entry.to_dict(), sort_keys=True),
+                    ),
+                )
+        if refused is not None:
+            raise refused
+        return res
 
     @staticmethod
     def _drop(conn: sqlite3.Connection, rid: str) -> bool:
@@ -180,13 +248,45 @@ class SQLiteLedger(Ledger):
         return True
 
     def _reap(self, conn: sqlite3.Connection, now: float) -> None:
+        """Settle every expired reservation at its reserved amount (logged as reaped); forget
+        idle keys and reaped reservations older than ``REAPED_MEMORY``."""
         self._next_reap = now + 1.0
-        for (rid,) in conn.execute("SELECT id FROM reservations WHERE expires_at <= ?", (now,)).fetchall():
+        expired = conn.execute(
+            "SELECT id, keys, amount_nano, created_at, expires_at, entry FROM reservations"
+            " WHERE expires_at <= ?",
+            (now,),
+        ).fetchall()
+        for rid, keys, units, created, expires, raw in expired:
             self._drop(conn, rid)
+            kids = json.loads(keys)
+            conn.executemany(
+                "UPDATE budget_keys SET spent_nano = spent_nano + ? WHERE id = ?",
+                [(int(units), kid) for kid in kids],
+            )
+            given = SpendEntry.from_dict(json.loads(raw)) if raw else None
+            res = Reservation(rid, (), from_nano(int(units)), created, expires)
+            seq = conn.execute(_INSERT_SPEND, _spend_row(reaped_entry(res, given))).lastrowid
+            conn.execute(
+                "INSERT OR REPLACE INTO reaped (id, keys, amount_nano, spend_seq, reaped_at)"
+                " VALUES (?, ?, ?, ?, ?)",
+                (rid, keys, int(units), seq, now),
+            )
+            log_reaped(rid, res.amount, given, (kid.replace("\x1f", " ") for kid in kids))
+        conn.execute("DELETE FROM reaped WHERE reaped_at <= ?", (now - REAPED_MEMORY,))
         conn.execute(
             "DELETE FROM budget_keys WHERE expires_at IS NOT NULL AND expires_at <= ? AND reserved_nano = 0",
             (now,),
         )
+
+    @staticmethod
+    def _unreap(conn: sqlite3.Connection, rid: str) -> int:
+        """Take back a reaped reservation's spend-log row; returns the units it was settled at."""
+        row = conn.execute("SELECT amount_nano, spend_seq FROM reaped WHERE id = ?", (rid,)).fetchone()
+        if row is None:
+            return 0
+        conn.execute("DELETE FROM reaped WHERE id = ?", (rid,))
+        conn.execute("DELETE FROM spend WHERE seq = ?", (row[1],))
+        return int(row[0])
 
     def settle(
         self, reservation: Reservation, actual: float, entry: SpendEntry | None = None
@@ -195,38 +295,27 @@ class SQLiteLedger(Ledger):
         conn = self._conn()
         with _immediate(conn):
             self._drop(conn, reservation.id)
+            delta = units - self._unreap(conn, reservation.id)
             for k in reservation.keys:
                 self._upsert(conn, k)
             conn.executemany(
-                "UPDATE budget_keys SET spent_nano = spent_nano + ? WHERE id = ?",
-                [(units, k.id) for k in reservation.keys],
+                "UPDATE budget_keys SET spent_nano = max(0, spent_nano + ?) WHERE id = ?",
+                [(delta, k.id) for k in reservation.keys],
             )
             if entry is not None:
-                conn.execute(
-                    "INSERT INTO spend (ts, day, month, cost_nano, model, model_group,"
-                    " deployment_id, scopes, prompt_tokens, completion_tokens, request_id,"
-                    " estimated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        entry.ts,
-                        entry.day,
-                        entry.month,
-                        to_nano(entry.cost),
-                        entry.model,
-                        entry.model_group,
-                        entry.deployment_id,
-                        json.dumps(dict(entry.scopes), sort_keys=True),
-                        int(entry.prompt_tokens),
-                        int(entry.completion_tokens),
-                        entry.request_id,
-                        int(entry.estimated),
-                    ),
-                )
+                conn.execute(_INSERT_SPEND, _spend_row(entry))
             return self._select(conn, [k.id for k in reservation.keys])
 
     def release(self, reservation: Reservation) -> None:
         conn = self._conn()
         with _immediate(conn):
             self._drop(conn, reservation.id)
+            back = self._unreap(conn, reservation.id)
+            if back:
+                conn.executemany(
+                    "UPDATE budget_keys SET spent_nano = max(0, spent_nano - ?) WHERE id = ?",
+                    [(back, k.id) for k in reservation.keys],
+                )
 
     @staticmethod
     def _rows(conn: sqlite3.Connection, ids: Sequence[str]) -> dict[str, KeyUsage]:
@@ -267,7 +356,7 @@ class SQLiteLedger(Ledger):
     def entries(self, since: float | None = None, until: float | None = None) -> list[SpendEntry]:
         sql = (
             "SELECT ts, day, month, cost_nano, model, model_group, deployment_id, scopes,"
-            " prompt_tokens, completion_tokens, request_id, estimated FROM spend WHERE 1=1"
+            " prompt_tokens, completion_tokens, request_id, estimated, reaped FROM spend WHERE 1=1"
         )
         args: list[Any] = []
         if since is not None:
@@ -290,6 +379,7 @@ class SQLiteLedger(Ledger):
                 completion_tokens=r[9],
                 request_id=r[10],
                 estimated=bool(r[11]),
+                reaped=bool(r[12]),
             )
             for r in self._conn().execute(sql + " ORDER BY ts, seq", args)
         ]
@@ -305,14 +395,15 @@ class SQLiteLedger(Ledger):
             args.append(until)
         conn = self._conn()
         rep = SpendReport()
-        total, calls, pt, ct = conn.execute(
+        total, calls, pt, ct, reaped = conn.execute(
             "SELECT coalesce(sum(cost_nano), 0), count(*), coalesce(sum(prompt_tokens), 0),"
-            f" coalesce(sum(completion_tokens), 0) FROM spend {where}",
+            f" coalesce(sum(completion_tokens), 0), coalesce(sum(reaped), 0) FROM spend {where}",
             args,
         ).fetchone()
         rep.total, rep.calls, rep.prompt_tokens, rep.completion_tokens = (
             from_nano(int(total)), int(calls), int(pt), int(ct)
         )  # fmt: skip
+        rep.reaped = int(reaped)
 
         def grouped(column: str) -> dict[str, float]:
             rows = conn.execute(

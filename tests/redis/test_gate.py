@@ -267,13 +267,16 @@ def test_ledger_reserve_is_all_or_nothing_and_settle_replaces_the_reservation(le
     assert ledger.usage([key("never", 1.0)])[0].spent == 0.0
 
 
-def test_ledger_reaps_expired_reservations_and_a_late_settle_still_counts(ledger: Ledger):
+def test_ledger_reaps_expired_reservations_into_spend_and_a_late_settle_replaces_them(ledger: Ledger):
     daily = key("daily", 1.0)
     held = ledger.reserve([daily], 0.9, now=100.0, ttl=10)
     with pytest.raises(BudgetExceededError):
         ledger.reserve([daily], 0.2, now=105.0, ttl=10)
-    fresh = ledger.reserve([daily], 0.2, now=111.0, ttl=10)  # the first one expired and was reaped
-    ledger.settle(held, 0.1)  # its process settles late: the spend is still recorded
+    with pytest.raises(BudgetExceededError):  # the first one expired: reaped at its estimate, still spent
+        ledger.reserve([daily], 0.2, now=111.0, ttl=10)
+    assert [(u.spent, u.reserved) for u in ledger.usage([daily])] == [(pytest.approx(0.9), 0.0)]
+    ledger.settle(held, 0.1)  # its process settles late: the actual cost replaces the estimate
+    fresh = ledger.reserve([daily], 0.2, now=112.0, ttl=10)
     ledger.settle(fresh, 0.2)
     (u,) = ledger.usage([daily])
     assert (u.spent, u.reserved) == (pytest.approx(0.3), 0.0)

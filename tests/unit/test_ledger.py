@@ -7,9 +7,12 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
+import signal
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -21,6 +24,7 @@ import llm_resilience_plugin
 from llm_resilience_plugin import BudgetExceededError, ConfigError
 from llm_resilience_plugin.cost._guard import Budget, BudgetAlert, CostGuard, Price
 from llm_resilience_plugin.cost._ledger import (
+    REAPED_MEMORY,
     BudgetKey,
     Ledger,
     MemoryLedger,
@@ -84,16 +88,83 @@ def test_money_is_exact_in_nano_dollars(ledger: Ledger):
     assert to_nano(13 * 1.5e-7) == 1950 and from_nano(1950) == 1.95e-6
 
 
-def test_expired_reservations_are_reaped_and_late_settles_still_count(ledger: Ledger):
+def test_expired_reservations_become_spend_at_their_estimate_and_a_late_settle_replaces_it(ledger: Ledger):
     k = key("d", 1.0)
-    stale = ledger.reserve([k], 0.9, now=100, ttl=10)  # its process "died"
+    given = SpendEntry(ts=100.0, day="2026-01-01", month="2026-01", cost=0.0, model="m", request_id="r1")
+    stale = ledger.reserve([k], 0.6, now=100, ttl=10, entry=given)  # its process "died"
     with pytest.raises(BudgetExceededError):
-        ledger.reserve([k], 0.2, now=105, ttl=10)
-    fresh = ledger.reserve([k], 0.2, now=111, ttl=10)  # the stale one was reaped
-    assert usage(ledger, k) == (0, 0.2)
-    ledger.settle(stale, 0.5)  # it finished after all: spend is recorded, no double release
+        ledger.reserve([k], 0.5, now=105, ttl=10)
+    with pytest.raises(BudgetExceededError):  # reaped at 110 - into spend, not released
+        ledger.reserve([k], 0.5, now=111, ttl=10)
+    assert usage(ledger, k) == (0.6, 0)
+    (reaped,) = ledger.entries()
+    assert reaped.reaped and reaped.estimated and reaped.cost == 0.6
+    assert (reaped.request_id, reaped.model, reaped.day) == ("r1", "m", "2026-01-01")
+    rep = ledger.report()
+    assert (rep.total, rep.calls, rep.reaped) == (0.6, 1, 1)
+    assert "1 reaped at their estimate" in str(rep)
+    fresh = ledger.reserve([k], 0.2, now=112, ttl=10)
+    # it finished after all: its actual cost replaces the estimate, not on top of it
+    ledger.settle(stale, 0.5, replace(given, cost=0.5))
+    assert usage(ledger, k) == (0.5, 0.2)
+    assert [(e.cost, e.reaped) for e in ledger.entries()] == [(0.5, False)]
     ledger.settle(fresh, 0.1)
     assert usage(ledger, k) == (0.6, 0)
+    assert ledger.report().reaped == 0
+
+
+def test_a_reaped_reservation_released_late_costs_nothing(ledger: Ledger):
+    k = key("d", 1.0)
+    stale = ledger.reserve([k], 0.6, now=86400 * 3, ttl=10)  # no entry given: a bare one is logged
+    ledger.prune(now=86400 * 3 + 11)
+    assert usage(ledger, k) == (0.6, 0)
+    (reaped,) = ledger.entries()
+    assert (reaped.reaped, reaped.cost, reaped.day, reaped.month) == (True, 0.6, "1970-01-04", "1970-01")
+    ledger.release(stale)  # the attempt failed with an answer after all: it cost nothing
+    assert usage(ledger, k) == (0, 0) and ledger.entries() == []
+    ledger.release(stale)  # idempotent
+    assert usage(ledger, k) == (0, 0)
+
+
+def test_reaped_reservations_are_forgotten_after_a_day(ledger: Ledger):
+    k = key("d", 10.0)
+    stale = ledger.reserve([k], 0.6, now=0, ttl=10)
+    ledger.prune(now=20)
+    ledger.prune(now=20 + REAPED_MEMORY)
+    ledger.settle(stale, 0.5)  # too late to replace the estimate: recorded on top (conservative)
+    assert usage(ledger, k) == (1.1, 0)
+
+
+def test_an_older_sqlite_file_gains_the_new_columns_and_its_reservations_are_reaped(tmp_path: Path):
+    path = tmp_path / "old.db"
+    conn = sqlite3.connect(path)
+    conn.executescript(OLD_SCHEMA)
+    kid = key("d", 1.0).id
+    conn.execute("INSERT INTO budget_keys (id, budget, scope, win, limit_nano, reserved_nano)"
+                 " VALUES (?, 'd', '', '2026-01-01', ?, ?)", (kid, 10**9, 3 * 10**8))  # fmt: skip
+    conn.execute("INSERT INTO reservations VALUES ('old', ?, ?, 0, 10)", (json.dumps([kid]), 3 * 10**8))
+    conn.commit()
+    conn.close()
+    led = SQLiteLedger(path)
+    led.reserve([key("d", 1.0)], 0.1, now=20, ttl=10)
+    assert usage(led, key("d", 1.0)) == (0.3, 0.1)
+    (reaped,) = led.entries()
+    assert reaped.reaped and reaped.cost == 0.3 and reaped.ts == 0
+    led.close()
+
+
+OLD_SCHEMA = """
+CREATE TABLE budget_keys (id TEXT PRIMARY KEY, budget TEXT NOT NULL, scope TEXT NOT NULL,
+    win TEXT NOT NULL, limit_nano INTEGER NOT NULL, spent_nano INTEGER NOT NULL DEFAULT 0,
+    reserved_nano INTEGER NOT NULL DEFAULT 0, expires_at REAL);
+CREATE TABLE reservations (id TEXT PRIMARY KEY, keys TEXT NOT NULL, amount_nano INTEGER NOT NULL,
+    created_at REAL NOT NULL, expires_at REAL NOT NULL);
+CREATE TABLE spend (seq INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL NOT NULL, day TEXT NOT NULL,
+    month TEXT NOT NULL, cost_nano INTEGER NOT NULL, model TEXT, model_group TEXT,
+    deployment_id TEXT, scopes TEXT NOT NULL, prompt_tokens INTEGER NOT NULL,
+    completion_tokens INTEGER NOT NULL, request_id TEXT, estimated INTEGER NOT NULL DEFAULT 0);
+CREATE TABLE alerts (key_id TEXT NOT NULL, threshold REAL NOT NULL, PRIMARY KEY (key_id, threshold));
+"""
 
 
 def test_idle_expiring_keys_are_pruned(ledger: Ledger):
@@ -384,3 +455,60 @@ def _fork_child(led: SQLiteLedger) -> None:
     k = key("d", 1.0)
     led.settle(led.reserve([k], 0.2, now=0, ttl=60), 0.2)
     os._exit(0)
+
+
+# -- a process killed with calls in flight: its spend is reaped, not lost --------------------------
+
+# Reserves 20 calls' worth (as a router would with 20 calls in flight), says so, then waits to be
+# killed. The guard's clock is a fixed time given by the parent.
+KILLED = r"""
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+from llm_resilience_plugin.cost import Budget, CostGuard, Price
+path, now = sys.argv[2], float(sys.argv[3])
+guard = CostGuard([Budget.daily(1.0), Budget.scoped("tenant", 1.0)], ledger="sqlite:///" + path,
+                  now=lambda: now, reservation_ttl=5)
+cands = [("m", "m", Price(1e-6, 2e-6, "override", None, "m"))]
+tickets = [guard.reserve(cands, prompt_tokens=1000, max_tokens=1000, request_id=f"call-{i}",
+                         metadata={"tenant": "acme"}) for i in range(20)]
+print(json.dumps({"estimate": sum(t.estimate for t in tickets)}), flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL")
+def test_a_process_killed_with_20_calls_in_flight_has_their_spend_reaped_not_lost(tmp_path: Path):
+    path = tmp_path / "killed.db"
+    t0 = datetime(2026, 6, 1, 12, 0, tzinfo=ZoneInfo("UTC")).timestamp()
+    child = subprocess.Popen(
+        [sys.executable, "-c", KILLED, ROOT, str(path), str(t0)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = child.stdout.readline()  # type: ignore[union-attr]
+        assert line, child.stderr.read()  # type: ignore[union-attr]
+        estimate = json.loads(line)["estimate"]
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(timeout=30)
+    assert child.returncode == -signal.SIGKILL
+    assert estimate == pytest.approx(20 * (1000 * 1e-6 + 1000 * 2e-6))
+
+    clock = [t0 + 1]
+    guard = CostGuard(
+        [Budget.daily(1.0)], ledger=f"sqlite:///{path}", now=lambda: clock[0], reservation_ttl=5
+    )
+    (held,) = guard.report().budgets
+    assert (held.spent, held.reserved) == (0, pytest.approx(estimate))  # still in flight
+    clock[0] = t0 + 6  # past the TTL: the next reserve reaps the dead process's reservations
+    guard.settle(guard.reserve(CANDS, prompt_tokens=0, max_tokens=1), cost=0.01)
+    rep = guard.report()
+    assert (rep.calls, rep.reaped) == (21, 20)
+    assert rep.total == pytest.approx(estimate + 0.01)
+    (daily,) = rep.budgets
+    assert (daily.spent, daily.reserved) == (pytest.approx(estimate + 0.01), 0)
+    reaped = [e for e in guard.ledger.entries() if e.reaped]
+    assert all(e.estimated and e.ts == t0 and e.day == "2026-06-01" for e in reaped)
+    guard.close()

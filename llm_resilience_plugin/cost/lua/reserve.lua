@@ -1,10 +1,13 @@
--- Reserve. ARGV: rid, units, now, expires_at, n, then n x (id budget scope win limit exp)
--- -> {'ok'} | {'dup'} | {'refused', index, spent, reserved}
+-- Reserve. ARGV: rid, units, now, expires_at, n, then n x (id budget scope win limit exp),
+-- then the log member to write if this reservation is reaped ('' = none), its entry ts, and
+-- how long a reaped reservation is remembered
+-- -> {'ok', reaped count, reaped units} | {'dup'} | {'refused', index, spent, reserved}
 local rid, units, now, n = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[5])
+local tail = 6 + n * 6
 if redis.call('EXISTS', P .. ':r:' .. rid) == 1 or redis.call('EXISTS', P .. ':done:' .. rid) == 1 then
   return {'dup'}
 end
-reap(now, 50)
+local reaped, reaped_units = reap(now, 50, tonumber(ARGV[tail + 2]))
 local keys, ids = {}, {}
 for j = 1, n do
   local i = 6 + (j - 1) * 6
@@ -19,6 +22,7 @@ for j = 1, n do
 end
 for j = 1, n do redis.call('HINCRBY', keys[j], 'reserved', units) end
 local r = P .. ':r:' .. rid
-redis.call('HSET', r, 'keys', cjson.encode(ids), 'amount', units, 'exp', ARGV[4])
+redis.call('HSET', r, 'keys', cjson.encode(ids), 'amount', units, 'exp', ARGV[4],
+           'member', ARGV[tail], 'ts', ARGV[tail + 1])
 redis.call('ZADD', P .. ':rexp', ARGV[4], rid)
-return {'ok'}
+return {'ok', reaped, reaped_units}
