@@ -18,22 +18,23 @@ the output price, the maximum over the deployments that may serve it - and reser
 ledger against every budget that applies, atomically. If it does not fit, the attempt is refused
 with :class:`~llm_resilience_plugin.errors.BudgetExceededError` before any request is sent. After
 the attempt the reservation is settled to the actual cost (the provider's reported
-``response_cost`` when there is one, else usage x the serving deployment's prices), or released
-when the attempt failed.
+``response_cost`` when there is one, else usage x the serving deployment's prices, else the
+estimate when the attempt may have been billed without an answer), or released when the
+attempt cannot have cost anything (docs/spend-semantics.md).
 
 Prices (``_prices.py``), budgets and their windows (``_budgets.py``), the estimate
-(``_estimate.py``) and alerts (``_alerts.py``) live in their own modules; this one holds the
-reserve/settle orchestration that ties them to a ledger.
+(``_estimate.py``), alerts (``_alerts.py``), tickets (``_tickets.py``) and the router's hooks
+(``_hooks.py``) live in their own modules; this one holds the reserve/settle orchestration that
+ties them to a ledger.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 import threading
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import datetime, tzinfo
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -46,10 +47,10 @@ from llm_resilience_plugin.cost._budgets import (
     scope_value,
 )
 from llm_resilience_plugin.cost._estimate import CostEstimator, PriceResolver, TokenCounter
+from llm_resilience_plugin.cost._hooks import RouterHooks, check_reservation_ttl
 from llm_resilience_plugin.cost._ledger import (
     KeyUsage,
     Ledger,
-    Reservation,
     SpendEntry,
     SpendReport,
     open_ledger,
@@ -61,51 +62,26 @@ from llm_resilience_plugin.cost._prices import (
     PriceLike,
     UnknownModelPolicy,
     coerce_price,
-    is_number,
     settled_cost,
 )
-from llm_resilience_plugin.errors import BudgetExceededError, ConfigError, Failure
-from llm_resilience_plugin.events import hidden_params_of
+from llm_resilience_plugin.cost._tickets import RecentCalls, Ticket
+from llm_resilience_plugin.errors import BudgetExceededError, ConfigError
 
 if TYPE_CHECKING:
-    from llm_resilience_plugin.events import AttemptInfo, DeploymentInfo
+    from llm_resilience_plugin.events import DeploymentInfo
     from llm_resilience_plugin.routing._router import ResilientRouter
 
 logger = logging.getLogger("llm_resilience.cost")
 
-_RECENT_CALLS = 10_000
 
-
-@dataclass(slots=True)
-class Ticket:
-    """What :meth:`CostGuard.reserve` returns; hand it back to settle or release."""
-
-    reservation: Reservation
-    request_id: str
-    estimate: float
-    prompt_tokens: int
-    max_tokens: int
-    prices: dict[str, Price]  # by deployment id (or model name)
-    fallback_price: Price
-    model: str | None
-    model_group: str | None
-    scopes: dict[str, str]
-    started_at: float
-    day: str
-    month: str
-    done: bool = False
-    cost: float | None = None
-
-
-@dataclass(slots=True)
-class _Call:
-    """What the guard remembers of one recent request (for logs and metrics)."""
-
-    estimate: float = 0.0
-    cost: float = 0.0
-    attempts: dict[int, float] = field(default_factory=dict)
-    remaining: float | None = None
-    remaining_budget: str | None = None
+def _takes_entry(ledger: Ledger) -> bool:
+    """Does ``ledger.reserve`` take the ``entry`` to log if the reservation is reaped? (A
+    ledger written before it did still works; its reaped reservations log a bare entry.)"""
+    try:
+        params = inspect.signature(ledger.reserve).parameters
+    except (TypeError, ValueError):
+        return False
+    return "entry" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
 def _log_refusal(
@@ -130,72 +106,7 @@ def _log_refusal(
     )
 
 
-def _token_usage(response: Any | None, usage: Mapping[str, int] | None) -> tuple[Any, Any]:
-    """``(prompt_tokens, completion_tokens)`` of an attempt: the usage the router read, else the
-    response's own ``usage``; None where unknown."""
-    if usage:
-        return usage.get("prompt_tokens"), usage.get("completion_tokens")
-    if response is not None and getattr(response, "usage", None) is not None:
-        u = response.usage
-        return getattr(u, "prompt_tokens", None), getattr(u, "completion_tokens", None)
-    return None, None
-
-
-class RecentCalls:
-    """What the guard remembers of its last requests (estimate, cost per attempt, tightest
-    budget left), bounded, so logs and metrics can report a call's cost after it ends."""
-
-    def __init__(self, limit: int = _RECENT_CALLS) -> None:
-        self._limit = limit
-        self._lock = threading.Lock()
-        self._calls: OrderedDict[str, _Call] = OrderedDict()
-
-    def _touch(self, rid: str) -> _Call:
-        call = self._calls.get(rid)
-        if call is None:
-            call = self._calls[rid] = _Call()
-            while len(self._calls) > self._limit:
-                self._calls.popitem(last=False)
-        else:
-            self._calls.move_to_end(rid)
-        return call
-
-    def reserved(self, request_id: str, amount: float) -> None:
-        """Add a reservation's ``amount`` to the request's estimate."""
-        with self._lock:
-            self._touch(request_id).estimate += amount
-
-    def settled(self, request_id: str, cost: float, attempt: int | None, usages: Iterable[KeyUsage]) -> None:
-        """Add a settled attempt's ``cost`` and note the tightest budget left after it."""
-        tightest: KeyUsage | None = None
-        for u in usages:
-            if tightest is None or u.remaining < tightest.remaining:
-                tightest = u
-        with self._lock:
-            call = self._touch(request_id)
-            call.cost += cost
-            if attempt is not None:
-                call.attempts[attempt] = cost
-            if tightest is not None:
-                call.remaining = tightest.remaining
-                call.remaining_budget = tightest.label
-
-    def info(self, request_id: str) -> dict[str, Any] | None:
-        """The request's record as a dict, or None when it is unknown or forgotten."""
-        with self._lock:
-            call = self._calls.get(request_id)
-            if call is None:
-                return None
-            return {
-                "estimate": call.estimate,
-                "cost": call.cost,
-                "attempt_costs": dict(call.attempts),
-                "budget_remaining": call.remaining,
-                "budget_tightest": call.remaining_budget,
-            }
-
-
-class CostGuard:
+class CostGuard(RouterHooks):
     """Reserve-then-settle accounting against budgets, with alerts; an :class:`AttemptGuard` for
     :class:`~llm_resilience_plugin.ResilientRouter` and the engine behind
     :class:`~llm_resilience_plugin.langchain.CostGuardCallbackHandler`.
@@ -219,11 +130,14 @@ class CostGuard:
             the model's maximum output from the price map). It is an estimate, not enforced.
         prompt_margin: extra fraction on counted prompt tokens (default 0.1).
         token_counter: ``f(model, messages) -> int`` instead of LiteLLM's ``token_counter``.
-        reservation_ttl: seconds after which an unsettled reservation is reaped (a crashed
-            process must not hold budget forever).
+        reservation_ttl: seconds after which an unsettled reservation is reaped - settled at its
+            estimate (a crashed process must not hold budget forever, nor lose its spend). A
+            router refuses one shorter than its longest deadline.
         on_cancel: what a router attempt cancelled in flight (a hedge that lost the race, a
-            stream closed early) costs when no usage is known: ``"estimate"`` (default - the
-            request was sent and the provider may bill it) or ``"release"``.
+            stream closed before any content reached the caller) costs when no usage is known:
+            ``"estimate"`` (default - the request was sent and the provider may bill it) or
+            ``"release"``. Timeouts, dropped connections and streams cut or closed after
+            content always settle the usage known, else the estimate.
     """
 
     def __init__(
@@ -261,6 +175,9 @@ class CostGuard:
             raise ConfigError("on_cancel", "expected 'estimate' (conservative, default) or 'release'")
         self.on_cancel = on_cancel
         self.ledger = open_ledger(ledger)
+        self._ledger_takes_entry = _takes_entry(self.ledger)
+        if router is not None:
+            check_reservation_ttl(self.budget_set.reservation_ttl, router)
         self.estimator.set_sources(price_resolver=price_resolver, router=router, models=models)
         self._lock = threading.Lock()  # a ticket is settled or released once
         self._recent = RecentCalls()
@@ -306,11 +223,6 @@ class CostGuard:
     def prompt_margin(self) -> float:
         """Extra fraction added to counted prompt tokens."""
         return self.estimator.prompt_margin
-
-    def bind_router(self, router: ResilientRouter) -> None:
-        """Price every deployment of ``router`` now (``ConfigError`` for an unknown price under
-        ``unknown_model="error"``) and let the LangChain handler map its group names to them."""
-        self.estimator.bind_router(router)
 
     # -- time and scopes ---------------------------------------------------------------------------
 
@@ -413,12 +325,18 @@ class CostGuard:
         prices = {k: p for k, _m, p in candidates}
         fallback = prices[worst]
         worst_model = next(m for k, m, _p in candidates if k == worst)
+        day, month = self._windows(ts)
+        extra: dict[str, Any] = {}
+        if self._ledger_takes_entry:  # what the spend log says if this reservation is reaped
+            extra["entry"] = SpendEntry(
+                ts=ts, day=day, month=month, cost=amount, model=worst_model, model_group=model_group,
+                scopes=scopes, prompt_tokens=pt, request_id=rid, estimated=True, reaped=True,
+            )  # fmt: skip
         try:
-            reservation = self.ledger.reserve(keys, amount, now=ts, ttl=self.reservation_ttl)
+            reservation = self.ledger.reserve(keys, amount, now=ts, ttl=self.reservation_ttl, **extra)
         except BudgetExceededError as err:
             _log_refusal(err, rid, worst_model, model_group, scopes)
             raise
-        day, month = self._windows(ts)
         ticket = Ticket(
             reservation=reservation,
             request_id=rid,
@@ -494,59 +412,6 @@ class CostGuard:
         """Cost, estimate and tightest remaining budget of a recent request (router call id or
         LangChain run id), for logs and metrics."""
         return self._recent.info(request_id)
-
-    # -- the router's AttemptGuard protocol --------------------------------------------------------
-
-    def before_attempt(self, info: AttemptInfo) -> Ticket:
-        """Reserve the attempt's worst case over the deployments that may serve it."""
-        kwargs = info.kwargs
-        md = info.metadata
-        tags = md.get("tags")
-        max_tokens = kwargs.get("max_tokens")
-        if max_tokens is None:
-            max_tokens = kwargs.get("max_completion_tokens")
-        run_id = md.get("run_id") or md.get("root_run_id")
-        return self.reserve(
-            self.candidates_for_deployments(info.deployments),
-            messages=info.messages,
-            tools=kwargs.get("tools"),
-            max_tokens=max_tokens,
-            n=kwargs.get("n"),
-            metadata=md,
-            tags=tags if isinstance(tags, list | tuple) else None,
-            request_id=info.call_id,
-            run_id=str(run_id) if run_id else None,
-            model_group=info.model_group,
-        )
-
-    def after_attempt(
-        self,
-        token: Any,
-        *,
-        deployment_id: str | None,
-        response: Any | None,
-        usage: Mapping[str, int] | None,
-        failure: Failure | None,
-    ) -> None:
-        """Settle the attempt's ticket to its reported cost or usage; release it on failure."""
-        if not isinstance(token, Ticket):
-            return
-        if failure is not None:
-            self.release(token)
-            return
-        if response is None and not usage and self.on_cancel == "release":
-            self.release(token)  # cancelled in flight, and told to trust that it cost nothing
-            return
-        reported = (hidden_params_of(response) or {}).get("response_cost")
-        pt, ct = _token_usage(response, usage)
-        self.settle(
-            token,
-            cost=reported if is_number(reported) else None,
-            prompt_tokens=pt,
-            completion_tokens=ct,
-            deployment_id=deployment_id,
-            model=getattr(response, "model", None) if response is not None else None,
-        )
 
     # -- queries -----------------------------------------------------------------------------------
 

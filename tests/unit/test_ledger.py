@@ -507,8 +507,10 @@ def test_a_process_killed_with_20_calls_in_flight_has_their_spend_reaped_not_los
     rep = guard.report()
     assert (rep.calls, rep.reaped) == (21, 20)
     assert rep.total == pytest.approx(estimate + 0.01)
+    assert rep.by_scope == {"tenant=acme": pytest.approx(estimate)}
     (daily,) = rep.budgets
     assert (daily.spent, daily.reserved) == (pytest.approx(estimate + 0.01), 0)
     reaped = [e for e in guard.ledger.entries() if e.reaped]
+    assert sorted(e.request_id or "" for e in reaped) == sorted(f"call-{i}" for i in range(20))
     assert all(e.estimated and e.ts == t0 and e.day == "2026-06-01" for e in reaped)
     guard.close()
