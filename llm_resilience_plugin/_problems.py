@@ -146,3 +146,60 @@ def pydantic_problems(err: ValidationError, prefix: str, data: Any, model: type[
         first, *rest = dict.fromkeys(msgs)
         out.append(Problem(field, first + "".join(" or " + m.removeprefix("Input should be ") for m in rest)))
     return out
+
+
+def cycles(graph: Mapping[str, list[str]]) -> list[list[str]]:
+    """Each cycle of ``graph`` once, as ``[a, b, a]`` starting from its smallest name."""
+    found: dict[tuple[str, ...], list[str]] = {}
+
+    def walk(node: str, path: list[str]) -> None:
+        for nxt in graph.get(node, []):
+            if nxt in path:
+                cycle = path[path.index(nxt) :]
+                start = cycle.index(min(cycle))
+                ring = cycle[start:] + cycle[:start]
+                found.setdefault(tuple(ring), [*ring, ring[0]])
+            elif len(path) < 50:
+                walk(nxt, [*path, nxt])
+
+    for src in graph:
+        walk(src, [src])
+    return list(found.values())
+
+
+def model_list_problems(model_list: Any) -> tuple[list[str], list[Problem]]:
+    """The group names of a ``model_list`` and what is wrong with its entries."""
+    problems: list[Problem] = []
+    if not isinstance(model_list, list) or not model_list:
+        return [], [Problem("model_list", "expected a non-empty list of deployments")]
+    groups: dict[str, None] = {}
+    ids: dict[str, int] = {}
+    for i, d in enumerate(model_list):
+        where = f"model_list[{i}]"
+        if not isinstance(d, Mapping):
+            problems.append(Problem(where, "must be a mapping with model_name and litellm_params"))
+            continue
+        unknown = set(d) - {"model_name", "litellm_params", "model_info"}
+        for key in sorted(map(str, unknown)):
+            hint = closest(key, ["model_name", "litellm_params", "model_info"])
+            problems.append(Problem(f"{where}.{key}", "unknown deployment key" + hint))
+        if not isinstance(d.get("model_name"), str) or not d["model_name"]:
+            problems.append(Problem(f"{where}.model_name", "is required (the model group name)"))
+        else:
+            groups.setdefault(d["model_name"], None)
+        params = d.get("litellm_params")
+        if not isinstance(params, Mapping) or not isinstance(params.get("model"), str):
+            problems.append(
+                Problem(f"{where}.litellm_params.model", "is required, e.g. 'openai/gpt-4o-mini'")
+            )
+        info = d.get("model_info")
+        if info is not None and not isinstance(info, Mapping):
+            problems.append(Problem(f"{where}.model_info", "must be a mapping"))
+        elif info and info.get("id") is not None:
+            dep_id = str(info["id"])
+            if dep_id in ids:
+                problems.append(
+                    Problem("model_list", f"model_info.id must be unique, repeated: [{dep_id!r}]")
+                )
+            ids[dep_id] = i
+    return list(groups), problems

@@ -18,7 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, mode
 from llm_resilience_plugin._problems import (
     Problem,
     closest,
+    cycles,
     field_path,
+    model_list_problems,
     pydantic_problems,
     raise_errors,
 )
@@ -492,63 +494,6 @@ def _fallback_map(value: Any, field: str, problems: list[Problem]) -> FallbackMa
     return out
 
 
-def _cycles(graph: FallbackMap) -> list[list[str]]:
-    """Each cycle of ``graph`` once, as ``[a, b, a]`` starting from its smallest name."""
-    found: dict[tuple[str, ...], list[str]] = {}
-
-    def walk(node: str, path: list[str]) -> None:
-        for nxt in graph.get(node, []):
-            if nxt in path:
-                cycle = path[path.index(nxt) :]
-                start = cycle.index(min(cycle))
-                ring = cycle[start:] + cycle[:start]
-                found.setdefault(tuple(ring), [*ring, ring[0]])
-            elif len(path) < 50:
-                walk(nxt, [*path, nxt])
-
-    for src in graph:
-        walk(src, [src])
-    return list(found.values())
-
-
-def _model_list_problems(model_list: Any) -> tuple[list[str], list[Problem]]:
-    """The group names of a ``model_list`` and what is wrong with its entries."""
-    problems: list[Problem] = []
-    if not isinstance(model_list, list) or not model_list:
-        return [], [Problem("model_list", "expected a non-empty list of deployments")]
-    groups: dict[str, None] = {}
-    ids: dict[str, int] = {}
-    for i, d in enumerate(model_list):
-        where = f"model_list[{i}]"
-        if not isinstance(d, Mapping):
-            problems.append(Problem(where, "must be a mapping with model_name and litellm_params"))
-            continue
-        unknown = set(d) - {"model_name", "litellm_params", "model_info"}
-        for key in sorted(map(str, unknown)):
-            hint = closest(key, ["model_name", "litellm_params", "model_info"])
-            problems.append(Problem(f"{where}.{key}", "unknown deployment key" + hint))
-        if not isinstance(d.get("model_name"), str) or not d["model_name"]:
-            problems.append(Problem(f"{where}.model_name", "is required (the model group name)"))
-        else:
-            groups.setdefault(d["model_name"], None)
-        params = d.get("litellm_params")
-        if not isinstance(params, Mapping) or not isinstance(params.get("model"), str):
-            problems.append(
-                Problem(f"{where}.litellm_params.model", "is required, e.g. 'openai/gpt-4o-mini'")
-            )
-        info = d.get("model_info")
-        if info is not None and not isinstance(info, Mapping):
-            problems.append(Problem(f"{where}.model_info", "must be a mapping"))
-        elif info and info.get("id") is not None:
-            dep_id = str(info["id"])
-            if dep_id in ids:
-                problems.append(
-                    Problem("model_list", f"model_info.id must be unique, repeated: [{dep_id!r}]")
-                )
-            ids[dep_id] = i
-    return list(groups), problems
-
-
 def _settings_problems(settings: Mapping[str, Any]) -> list[Problem]:
     """Unknown router settings (with the closest name), a bad timeout, owned settings ignored."""
     problems: list[Problem] = []
@@ -623,7 +568,7 @@ def spec_problems(
     """Every problem of a Router config plus policy, and its :class:`RouterSpec` when none is an
     error (warnings: owned settings ignored, timeouts longer than the deadline, fallback cycles)."""
     settings = dict(router_settings or {})
-    groups, problems = _model_list_problems(model_list)
+    groups, problems = model_list_problems(model_list)
     pol, policy_problems = _policy(policy)
     problems += policy_problems + _settings_problems(settings)
     given = {"fallbacks": fallbacks, "context_window_fallbacks": context_window_fallbacks}
@@ -643,7 +588,7 @@ def spec_problems(
                     )
                 if t == src:
                     problems.append(Problem(f"{key}.{src}", "a group cannot fall back to itself"))
-        for cycle in _cycles({s: [t for t in ts if t != s] for s, ts in fmap.items()}):
+        for cycle in cycles({s: [t for t in ts if t != s] for s, ts in fmap.items()}):
             ring = " -> ".join(cycle)
             if key == "context_window_fallbacks":  # each must have a larger window than the last
                 problems.append(
