@@ -1,8 +1,11 @@
-"""Budget alerts: tell someone when spend crosses a fraction of a day/month/total limit.
+"""Budget alerts: tell someone when spend crosses a fraction of a day/month/total limit, or
+when a provider bills more output than the request allowed.
 
 Each threshold fires once per budget, window and scope - once in this process (a bounded memo)
 and once across processes (the ledger's ``mark_alert``) - as a ``budget_alert`` log line and a
-call to ``on_alert``.
+call to ``on_alert``. An overrun (more completion tokens billed than the request's
+``max_tokens``) fires once per attempt as a ``budget_overrun`` log line and a call to
+``on_alert`` with ``kind="budget_overrun"``.
 """
 
 from __future__ import annotations
@@ -23,9 +26,17 @@ logger = logging.getLogger("llm_resilience.cost")
 _MAX_REMEMBERED = 10_000
 
 
+THRESHOLD = "threshold"
+OVERRUN = "budget_overrun"
+
+
 @dataclass(frozen=True, slots=True)
 class BudgetAlert:
-    """A budget crossed ``threshold`` (a fraction of its limit) in one window and scope."""
+    """A budget crossed ``threshold`` (a fraction of its limit) in one window and scope
+    (``kind="threshold"``), or an attempt was billed more completion tokens than its request's
+    ``max_tokens`` allowed (``kind="budget_overrun"``: ``deployment_id``, ``max_tokens``
+    requested, ``completion_tokens`` billed, its ``cost`` against the ``estimate`` reserved; the
+    budget fields then describe the tightest budget it was charged to, ``threshold`` is 0)."""
 
     budget: str
     scope: str | None
@@ -34,10 +45,19 @@ class BudgetAlert:
     spent: float
     limit: float
     at: float
+    kind: str = THRESHOLD
+    deployment_id: str | None = None
+    model: str | None = None
+    request_id: str | None = None
+    max_tokens: int | None = None
+    completion_tokens: int | None = None
+    cost: float | None = None
+    estimate: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """The alert as a plain dict (the ``budget_alert`` log event's payload)."""
-        return {
+        """The alert as a plain dict (the ``budget_alert`` / ``budget_overrun`` log payload)."""
+        out: dict[str, Any] = {
+            "kind": self.kind,
             "budget": self.budget,
             "scope": self.scope,
             "window": self.window,
@@ -46,6 +66,30 @@ class BudgetAlert:
             "limit": self.limit,
             "at": self.at,
         }
+        if self.kind != THRESHOLD:
+            out.update(
+                deployment_id=self.deployment_id,
+                model=self.model,
+                request_id=self.request_id,
+                max_tokens=self.max_tokens,
+                completion_tokens=self.completion_tokens,
+                cost=self.cost,
+                estimate=self.estimate,
+            )
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Overrun:
+    """One attempt billed beyond its request's output limit (what the overrun alert names)."""
+
+    deployment_id: str | None
+    model: str | None
+    request_id: str | None
+    max_tokens: int
+    completion_tokens: int
+    cost: float
+    estimate: float
 
 
 class BudgetAlerts:
@@ -114,12 +158,35 @@ class BudgetAlerts:
                         )
                     )
 
-    def fire(self, alert: BudgetAlert) -> None:
-        """Log ``alert`` as ``budget_alert`` and pass it to ``on_alert`` (whose errors are logged)."""
-        logger.warning(
-            "budget_alert",
-            extra={"llm_event_name": "budget_alert", "llm_event": alert.to_dict()},
+    def overrun(self, over: Overrun, usages: Sequence[KeyUsage], at: float) -> BudgetAlert:
+        """Fire a ``budget_overrun`` alert for ``over`` (always: thresholds play no part), naming
+        the tightest budget of ``usages`` it was charged to; returns the alert."""
+        tight = min(usages, key=lambda u: u.remaining, default=None)
+        alert = BudgetAlert(
+            budget=tight.budget if tight is not None else "",
+            scope=(tight.scope or None) if tight is not None else None,
+            window=tight.window if tight is not None else "",
+            threshold=0.0,
+            spent=tight.spent if tight is not None else over.cost,
+            limit=tight.limit if tight is not None else 0.0,
+            at=at,
+            kind=OVERRUN,
+            deployment_id=over.deployment_id,
+            model=over.model,
+            request_id=over.request_id,
+            max_tokens=over.max_tokens,
+            completion_tokens=over.completion_tokens,
+            cost=over.cost,
+            estimate=over.estimate,
         )
+        self.fire(alert)
+        return alert
+
+    def fire(self, alert: BudgetAlert) -> None:
+        """Log ``alert`` once (as ``budget_alert``, or its ``kind``) and pass it to ``on_alert``
+        (whose errors are logged)."""
+        name = "budget_alert" if alert.kind == THRESHOLD else alert.kind
+        logger.warning(name, extra={"llm_event_name": name, "llm_event": alert.to_dict()})
         if self.on_alert is not None:
             try:
                 self.on_alert(alert)

@@ -20,7 +20,8 @@ with :class:`~llm_resilience_plugin.errors.BudgetExceededError` before any reque
 the attempt the reservation is settled to the actual cost (the provider's reported
 ``response_cost`` when there is one, else usage x the serving deployment's prices, else the
 estimate when the attempt may have been billed without an answer), or released when the
-attempt cannot have cost anything (docs/spend-semantics.md).
+attempt cannot have cost anything (docs/spend-semantics.md). A provider that bills more output
+than the request's ``max_tokens`` is recorded as billed and raises a ``budget_overrun`` alert.
 
 Prices (``_prices.py``), budgets and their windows (``_budgets.py``), the estimate
 (``_estimate.py``), alerts (``_alerts.py``), tickets (``_tickets.py``) and the router's hooks
@@ -38,7 +39,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, tzinfo
 from typing import TYPE_CHECKING, Any, Literal
 
-from llm_resilience_plugin.cost._alerts import BudgetAlert, BudgetAlerts
+from llm_resilience_plugin.cost._alerts import BudgetAlert, BudgetAlerts, Overrun
 from llm_resilience_plugin.cost._budgets import (
     Budget,
     BudgetCalendar,
@@ -62,6 +63,7 @@ from llm_resilience_plugin.cost._prices import (
     PriceLike,
     UnknownModelPolicy,
     coerce_price,
+    is_number,
     settled_cost,
 )
 from llm_resilience_plugin.cost._tickets import RecentCalls, Ticket
@@ -82,6 +84,11 @@ def _takes_entry(ledger: Ledger) -> bool:
     except (TypeError, ValueError):
         return False
     return "entry" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def _positive_int(value: Any) -> int | None:
+    """``value`` as a positive int (a request's ``max_tokens`` or ``n``), else None."""
+    return int(value) if is_number(value) and value >= 1 else None
 
 
 def _log_refusal(
@@ -351,6 +358,8 @@ class CostGuard(RouterHooks):
             started_at=ts,
             day=day,
             month=month,
+            requested_max_tokens=_positive_int(max_tokens),
+            copies=_positive_int(n) or 1,
         )
         self._recent.reserved(rid, reservation.amount)
         return ticket
@@ -367,7 +376,9 @@ class CostGuard(RouterHooks):
         attempt: int | None = None,
     ) -> float:
         """Settle to ``cost`` if given (the provider's figure), else usage x the serving
-        deployment's price, else the estimate (nothing known: conservative). Returns the cost."""
+        deployment's price, else the estimate (nothing known: conservative). Returns the cost.
+        More completion tokens than the request's ``max_tokens`` raises a ``budget_overrun``
+        alert (the spend is recorded as billed)."""
         with self._lock:
             if ticket.done:
                 return ticket.cost or 0.0
@@ -397,6 +408,17 @@ class CostGuard(RouterHooks):
         )
         usages = self.ledger.settle(ticket.reservation, actual, entry)
         self._recent.settled(ticket.request_id, actual, attempt, usages)
+        limit = ticket.requested_max_tokens
+        if (
+            limit is not None
+            and completion_tokens is not None
+            and entry.completion_tokens > limit * ticket.copies
+        ):
+            over = Overrun(
+                deployment_id, entry.model, ticket.request_id, limit * ticket.copies,
+                entry.completion_tokens, actual, ticket.estimate,
+            )  # fmt: skip
+            self.alerts.overrun(over, usages, self.now())
         self.alerts.check(ticket.reservation.keys, usages, ledger=self.ledger, now=self.now)
         return actual
 

@@ -34,6 +34,8 @@ class Ticket:
     month: str
     done: bool = False
     cost: float | None = None
+    requested_max_tokens: int | None = None  # the request's own max_tokens (None: not set)
+    copies: int = 1  # choices asked for (n): the output limit is requested_max_tokens x copies
 
 
 @dataclass(slots=True)

@@ -2,21 +2,39 @@
 been billed without an answer (a timeout or a dropped connection after sending, a call cancelled
 in flight, a stream cut or closed after content) settles the usage known, else its estimate; an
 HTTP error answer still costs nothing; a reservation that outlives its TTL becomes spend, not
-headroom; a TTL shorter than a deadline is refused."""
+headroom; a TTL shorter than a deadline is refused; a provider that bills past ``max_tokens``
+raises a ``budget_overrun`` alert."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import pytest
 
 from llm_resilience_plugin import BudgetExceededError, ConfigError, ResilientRouter, get_report
-from llm_resilience_plugin.cost import Budget, CostGuard
+from llm_resilience_plugin.cost import Budget, BudgetAlert, CostGuard
 from llm_resilience_plugin.errors import ErrorClass
 from llm_resilience_plugin.testing import Clock
 from llm_resilience_plugin.testing._simulator import Fault, ProviderSimulator, estimate_prompt_tokens
 from tests.conftest import MSG, RouterFactory
+
+IN, OUT = 1.5e-7, 6e-7  # gpt-4o-mini in LiteLLM's bundled price map
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The weather in a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "unit": {"type": "string"}},
+                "required": ["city", "unit"],
+            },
+        },
+    }
+]
 
 
 def sim_counter(model: str, messages: list[dict[str, Any]]) -> int:
@@ -198,3 +216,35 @@ def test_a_reservation_ttl_shorter_than_a_deadline_is_refused_naming_both(make_r
     router = make_router({"primary": ["a"]}, guards=[CostGuard([Budget.daily(1.0)], reservation_ttl=10)])
     with pytest.raises(ConfigError, match="reservation_ttl=5 s"):  # a guard built for a router
         CostGuard([Budget.daily(1.0)], reservation_ttl=5, router=router)
+
+
+# -- 4. billed past max_tokens: recorded as billed, and alerted ------------------------------------
+
+
+async def test_a_provider_billing_past_max_tokens_raises_one_budget_overrun_alert(
+    make_router: RouterFactory, sim: ProviderSimulator, caplog: pytest.LogCaptureFixture
+):
+    alerts: list[BudgetAlert] = []
+    guard = CostGuard([Budget.daily(1.0)], on_alert=alerts.append)
+    router = make_router({"primary": ["a"]}, guards=[guard])
+    caplog.set_level(logging.WARNING, logger="llm_resilience.cost")
+    await router.acompletion(model="primary", messages=MSG, max_tokens=5)  # within its limit
+    assert alerts == []
+    # The simulator does not cut a tool call at max_tokens: it bills the whole call.
+    ask = [{"role": "user", "content": "What is the weather in 'Paris' in 'celsius'?"}]
+    resp = await router.acompletion(model="primary", messages=ask, tools=TOOLS, max_tokens=2)
+    billed = resp.usage.completion_tokens
+    assert billed > 2
+    entry = guard.ledger.entries()[-1]  # recorded truthfully: what was billed
+    assert entry.completion_tokens == billed and not entry.estimated
+    assert entry.cost == pytest.approx(resp.usage.prompt_tokens * IN + billed * OUT, abs=1e-9)
+    (alert,) = alerts
+    assert alert.kind == "budget_overrun"
+    assert (alert.deployment_id, alert.max_tokens, alert.completion_tokens) == ("a", 2, billed)
+    assert alert.cost == pytest.approx(entry.cost) and alert.estimate is not None
+    assert alert.budget == "daily" and alert.spent == pytest.approx(daily(guard)[0])
+    logged = [r for r in caplog.records if getattr(r, "llm_event_name", None) == "budget_overrun"]
+    assert len(logged) == 1
+    assert logged[0].llm_event["deployment_id"] == "a"  # type: ignore[attr-defined]
+    assert logged[0].llm_event["completion_tokens"] == billed  # type: ignore[attr-defined]
+    assert not [r for r in caplog.records if getattr(r, "llm_event_name", None) == "budget_alert"]

@@ -1,13 +1,15 @@
 """The spend rules of an attempt, against CostGuard directly (no sockets): what a timeout, a
-drop, a cancel, a cut stream and an HTTP error answer cost."""
+drop, a cancel, a cut stream and an HTTP error answer cost, and the ``budget_overrun`` alert of
+a provider that bills past the request's ``max_tokens``."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
 
-from llm_resilience_plugin.cost import Budget, CostGuard, Price, Ticket
+from llm_resilience_plugin.cost import Budget, BudgetAlert, CostGuard, Price, Ticket
 from llm_resilience_plugin.cost._hooks import spend_action
 from llm_resilience_plugin.errors import ErrorClass, Failure
 
@@ -97,4 +99,52 @@ def test_an_older_engine_without_the_flags_keeps_the_old_rules() -> None:
     assert spent(g) == 0
     end(g, ticket(g))  # no failure, no answer: a cancel, settled at the estimate
     assert spent(g) > 0
+    g.close()
+
+
+def test_billed_past_max_tokens_is_recorded_and_alerted_once(caplog: pytest.LogCaptureFixture) -> None:
+    alerts: list[BudgetAlert] = []
+    g = guard(on_alert=alerts.append, alert_at=None)  # overruns alert even with no thresholds
+    caplog.set_level(logging.WARNING, logger="llm_resilience.cost")
+    g.settle(ticket(g, max_tokens=5), prompt_tokens=100, completion_tokens=5, deployment_id="d1")
+    g.settle(ticket(g, max_tokens=5, n=2), prompt_tokens=100, completion_tokens=9, deployment_id="d1")
+    g.settle(ticket(g, max_tokens=5))  # nothing known: the estimate, no overrun to speak of
+    assert alerts == []
+    t = ticket(g, max_tokens=5)
+    cost = g.settle(t, prompt_tokens=100, completion_tokens=40, deployment_id="d1")
+    assert cost == pytest.approx(100e-6 + 40 * 2e-6)  # recorded as billed, above the estimate
+    assert cost > t.estimate and g.ledger.entries()[-1].completion_tokens == 40
+    (alert,) = alerts
+    assert alert.kind == "budget_overrun"
+    assert (alert.deployment_id, alert.max_tokens, alert.completion_tokens) == ("d1", 5, 40)
+    assert (alert.cost, alert.estimate, alert.request_id) == (cost, t.estimate, t.request_id)
+    assert (alert.budget, alert.window, alert.limit) == ("daily", "1970-01-12", 1.0)
+    assert alert.spent == pytest.approx(spent(g))
+    logged = [r for r in caplog.records if getattr(r, "llm_event_name", None) == "budget_overrun"]
+    assert len(logged) == 1 and logged[0].llm_event == alert.to_dict()  # type: ignore[attr-defined]
+    assert alert.to_dict()["kind"] == "budget_overrun" and alert.to_dict()["max_tokens"] == 5
+    g.settle(t, prompt_tokens=100, completion_tokens=40)  # settled once: no second alert
+    assert len(alerts) == 1
+    g.close()
+
+
+def test_an_overrun_alert_callback_failing_does_not_fail_the_settle(caplog: pytest.LogCaptureFixture) -> None:
+    def boom(alert: BudgetAlert) -> None:
+        raise RuntimeError("alert sink down")
+
+    g = guard(on_alert=boom)
+    with caplog.at_level(logging.ERROR, logger="llm_resilience.cost"):
+        g.settle(ticket(g, max_tokens=1), prompt_tokens=1, completion_tokens=2, deployment_id="d1")
+    assert spent(g) == pytest.approx(1e-6 + 4e-6)
+    assert any("on_alert callback failed" in r.getMessage() for r in caplog.records)
+    g.close()
+
+
+def test_a_threshold_alert_keeps_its_shape() -> None:
+    alerts: list[BudgetAlert] = []
+    g = guard(on_alert=alerts.append, alert_at=0.5)
+    g.settle(ticket(g), cost=0.6)
+    (alert,) = alerts
+    assert alert.kind == "threshold" and alert.threshold == 0.5 and alert.deployment_id is None
+    assert set(alert.to_dict()) == {"kind", "budget", "scope", "window", "threshold", "spent", "limit", "at"}
     g.close()
