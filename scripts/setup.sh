@@ -3,9 +3,10 @@
 #   scripts/setup.sh demo   the package, plus langchain-litellm (the demo's plain-Router baseline)
 #   scripts/setup.sh [test] everything the tests, linters, notebooks and docs need
 #                           (.[dev,redis,notebooks,docs])
-# .venv is rebuilt when its Python is older than 3.11 (requires-python), is not the Python asked
-# for ($PYTHON, else python3), or no longer runs. Idempotent and fast: nothing is installed when
-# pyproject.toml and the use are unchanged since the last run. Installing needs PyPI access.
+# .venv is rebuilt when its Python is older than 3.11 (requires-python), no longer runs, or is
+# another version than $PYTHON when that is set (without it, any working >= 3.11 .venv is kept).
+# Idempotent and fast: nothing is installed when pyproject.toml and the use are unchanged since
+# the last run. Installing needs PyPI access.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,9 +31,10 @@ else
   done
   [ -n "$PY" ] || { echo "setup: needs Python >= 3.11 (set PYTHON=/path/to/python3.11)" >&2; exit 1; }
 fi
+PY=$("$PY" -c 'import sys; print(sys.executable)')  # past version-manager shims, once
 want=$(version_of "$PY")
 
-# Reuse .venv only if it runs, is new enough, and was made by the same Python version.
+# Reuse .venv only if it runs, is new enough, and (with $PYTHON set) is that Python's version.
 if [ -e .venv ]; then
   have=$(version_of .venv/bin/python || true)
   reason=
@@ -40,8 +42,8 @@ if [ -e .venv ]; then
     reason="its python no longer runs (was its interpreter removed or moved?)"
   elif ! supported .venv/bin/python; then
     reason="it was built with Python $have; the package needs >= 3.11"
-  elif [ "$have" != "$want" ]; then
-    reason="it was built with Python $have, and $PY is $want"
+  elif [ -n "${PYTHON:-}" ] && [ "$have" != "$want" ]; then
+    reason="it was built with Python $have, and PYTHON=$PYTHON is $want"
   fi
   if [ -n "$reason" ]; then
     echo "setup: rebuilding .venv: $reason"
