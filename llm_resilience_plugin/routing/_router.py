@@ -18,6 +18,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import litellm
 
@@ -92,6 +93,35 @@ def _deployment_info(d: Mapping[str, Any]) -> DeploymentInfo:
             if "key" not in k and "secret" not in k and "token" not in k.replace("per_token", "")
         },
     )
+
+
+def _with_readable_ids(model_list: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A copy of ``model_list`` where a deployment without ``model_info.id`` gets a readable one,
+    ``group/model@host`` (``#2``, ``#3`` on repeats), instead of LiteLLM's 64-character hash - the
+    name reports, logs and breakers show."""
+    out = copy.deepcopy(model_list)
+    taken = {str((d.get("model_info") or {}).get("id")) for d in out if (d.get("model_info") or {}).get("id")}
+    for d in out:
+        info = (
+            d.setdefault("model_info", {})
+            if isinstance(d.get("model_info"), dict) or "model_info" not in d
+            else None
+        )
+        if info is None or info.get("id"):
+            continue
+        lp = d.get("litellm_params") or {}
+        host = urlsplit(str(lp.get("api_base") or "")).hostname
+        port = urlsplit(str(lp.get("api_base") or "")).port if host else None
+        base = f"{d.get('model_name')}/{lp.get('model')}" + (
+            f"@{host}" + (f":{port}" if port else "") if host else ""
+        )
+        name, n = base, 1
+        while name in taken:
+            n += 1
+            name = f"{base}#{n}"
+        taken.add(name)
+        info["id"] = name
+    return out
 
 
 def _refuse_url_credentials(model_list: list[dict[str, Any]]) -> None:
@@ -209,7 +239,7 @@ class ResilientRouter:
         self.policy = spec.policy
         _refuse_url_credentials(spec.model_list)
         self._router = litellm.Router(
-            model_list=copy.deepcopy(spec.model_list),
+            model_list=_with_readable_ids(spec.model_list),
             **spec.router_settings,
             num_retries=0,
             disable_cooldowns=True,

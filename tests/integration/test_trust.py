@@ -248,3 +248,20 @@ async def test_a_deployments_own_timeout_is_its_attempt_timeout(sim: ProviderSim
         assert time.monotonic() - t0 < 2.0  # one 0.3 s attempt, not the policy's 5 s
     finally:
         router.close()
+
+
+def test_deployments_without_an_id_get_a_readable_name(sim: ProviderSimulator) -> None:
+    first = deployment(sim, "primary", "a")
+    second = deployment(sim, "primary", "a")
+    for d in (first, second):
+        del d["model_info"]
+    router = ResilientRouter(model_list=[first, second])
+    try:
+        ids = [d.id for d in router.deployments()]
+        assert ids[0] == "primary/openai/gpt-4o-mini@127.0.0.1:" + str(sim.port)
+        assert ids[1] == ids[0] + "#2"
+        assert set(router.breakers()) == set(ids)
+        resp = router.completion("primary", MSG)
+        assert get_report(resp).deployment_id in ids  # type: ignore[union-attr]
+    finally:
+        router.close()
