@@ -102,12 +102,10 @@ def _with_readable_ids(model_list: list[dict[str, Any]]) -> list[dict[str, Any]]
     out = copy.deepcopy(model_list)
     taken = {str((d.get("model_info") or {}).get("id")) for d in out if (d.get("model_info") or {}).get("id")}
     for d in out:
-        info = (
-            d.setdefault("model_info", {})
-            if isinstance(d.get("model_info"), dict) or "model_info" not in d
-            else None
-        )
-        if info is None or info.get("id"):
+        info = d.get("model_info")
+        if info is None:
+            info = d["model_info"] = {}
+        if not isinstance(info, dict) or info.get("id"):
             continue
         lp = d.get("litellm_params") or {}
         host = urlsplit(str(lp.get("api_base") or "")).hostname
