@@ -16,6 +16,7 @@ def pct(values: list[float], p: float) -> float:
 
 
 def write_json(path: str, data: dict[str, Any]) -> Path:
+    """Write ``data`` as indented JSON to ``path`` (parents created); returns the path."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(data, indent=2, default=str))

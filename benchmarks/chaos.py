@@ -1,16 +1,27 @@
-"""Chaos benchmark: scripted failure scenarios against the same simulator, four systems compared.
+"""Chaos benchmark: scripted failure scenarios against one simulator, four systems side by side.
 
-Systems (all measured in one run, same deployments, same workload):
-  bare      litellm.Router with its defaults (+ the same fallbacks)
-  tuned     litellm.Router tuned: num_retries=2, allowed_fails=2, cooldown_time=5, timeout, fallbacks
-  langchain ChatLiteLLMRouter(...).with_retry(3 tries, jitter).with_fallbacks([...]) (LangChain's own tools)
-  plugin    ResilientRouter with its default policy (deadline/attempt timeout as below)
+Systems and callers: see benchmarks/_chaos_systems.py (bare Router, tuned Router, LangChain
+with_retry/with_fallbacks, the plugin; a completion, a chunk consumer, LangChain ainvoke over a
+streaming chat model). Scenarios: benchmarks/_chaos_scenarios.py.
 
-Metrics per scenario and system: success rate, p50/p99 latency, upstream requests per logical
-request, requests that hit a failing deployment, billed requests (2xx answers the provider
-charged for, duplicates included). Prints a Markdown table and writes JSON.
+Each cell (scenario x caller x system) has its own simulator deployments, served by a simulator in
+a child process (benchmarks/_chaos_sim.py). Cells run one at a time, except in the scenarios bound
+by waiting (stalls, holds, incidents), which run theirs side by side (``--quick``: every scenario
+does, for speed, at the price of CPU contention in its latencies; ``--serial``: none does). A cell
+first sends healthy calls (not measured: a router in production has seen healthy traffic before an
+incident): ``--warmup`` for the plugin, which learns its stream timeouts from them, two for the
+others, which learn nothing from healthy calls. Then the fault is injected and the measured calls
+go out.
 
-    python benchmarks/chaos.py [--calls 200] [--concurrency 20] [--only storm,outage]
+Metrics per cell: success (complete answers only: one deployment's full text, finish reason
+``stop``), p50/p99 latency of every call (a call still running after CALL_CAP s is abandoned and
+counted as failed at CALL_CAP), upstream requests per call, share of calls answered by the
+primary group, time back on primary (seconds from the moment the primary is healthy again to
+the first request it answers; flapping and Retry-After), requests that met a fault, billed
+requests (2xx, cut streams included) and, for the plugin, requests sent to a deployment while
+its breaker was open. Prints a Markdown table and writes JSON (benchmarks/results/).
+
+    python benchmarks/chaos.py [--quick] [--calls 30] [--concurrency 20] [--only storm,stall]
 """
 
 from __future__ import annotations
@@ -18,273 +29,252 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 import llm_resilience_plugin  # noqa: F401  (offline LiteLLM settings first)
-from llm_resilience_plugin import ResilientRouter
-from llm_resilience_plugin.testing._simulator import Fault, ProviderSimulator
 
 try:  # run as a script (python benchmarks/x.py) or imported as benchmarks.x
+    from _chaos_scenarios import Scenario, healthy, scenarios
+    from _chaos_sim import Request, SimulatorProcess
+    from _chaos_systems import SYSTEMS, Cell, Outcome, System, build
     from _common import pct, write_json
 except ImportError:  # pragma: no cover
+    from benchmarks._chaos_scenarios import Scenario, healthy, scenarios
+    from benchmarks._chaos_sim import Request, SimulatorProcess
+    from benchmarks._chaos_systems import SYSTEMS, Cell, Outcome, System, build
     from benchmarks._common import pct, write_json
 
-MSG = [{"role": "user", "content": "Give me one sentence about resilience."}]
-ATTEMPT_TIMEOUT = 1.0
-DEADLINE = 8.0
+CALL_CAP = 120.0  # seconds; twice the plugin's deadline: only systems without one come near it
+WARMUP_CONCURRENCY = 12
+LEAN_WARMUP = 2
 
 
-@dataclass
-class Scenario:
-    name: str
-    description: str
-    groups: dict[str, list[str]]
-    fallbacks: list[dict[str, list[str]]]
-    setup: Callable[[ProviderSimulator], None]
-    during: Callable[[ProviderSimulator, float], None] | None = None  # called every ~50 ms
+async def _timed(system: System) -> tuple[Outcome, float]:
+    t = time.monotonic()
+    try:
+        outcome = await asyncio.wait_for(system.call(), timeout=CALL_CAP)
+    except TimeoutError:
+        outcome = Outcome(False, None, f"still running after {CALL_CAP:g} s")
+    except Exception as exc:
+        outcome = Outcome(False, None, type(exc).__name__)
+    return outcome, time.monotonic() - t
 
 
-def _storm(sim: ProviderSimulator) -> None:
-    sim.token_bucket("p-a", rate=15, burst=5, retry_after=1)
-    sim.token_bucket("p-b", rate=15, burst=5, retry_after=1)
+async def _closed_loop(system: System, calls: int, concurrency: int) -> list[tuple[Outcome, float]]:
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one() -> tuple[Outcome, float]:
+        async with sem:
+            return await _timed(system)
+
+    return list(await asyncio.gather(*(one() for _ in range(calls))))
 
 
-def _outage(sim: ProviderSimulator) -> None:
-    sim.set_default("p-a", Fault.server_error(503))
+async def _paced(system: System, calls: int, rate: float) -> list[tuple[Outcome, float]]:
+    start = time.monotonic()
+    tasks = []
+    for i in range(calls):
+        delay = start + i / rate - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(_timed(system)))
+    return list(await asyncio.gather(*tasks))
 
 
-def _silent(sim: ProviderSimulator) -> None:
-    sim.set_default("p-a", Fault.silence(max_hold=10))
-
-
-def _flap_setup(sim: ProviderSimulator) -> None:
-    sim.set_default("p-a", Fault.ok())
-
-
-def _flap_tick(sim: ProviderSimulator, t: float) -> None:
-    # down 1 s, up 1 s, ...
-    phase = int(t) % 2
-    if phase == 0:
-        sim.set_default("p-a", Fault.server_error(503))
-    else:
-        sim.set_default("p-a", Fault.ok())
-
-
-def _three(sim: ProviderSimulator) -> None:
-    for i, dep in enumerate(("x-a", "y-a", "z-a")):
-        sim.set_default(dep, Fault.flaky(0.05, Fault.server_error(500), seed=100 + i))
-
-
-SCENARIOS = [
-    Scenario(
-        "storm",
-        "429 storm: both primary deployments behind a 15 req/s token bucket (Retry-After: 1)",
-        {"primary": ["p-a", "p-b"], "backup": ["b-a"]},
-        [{"primary": ["backup"]}],
-        _storm,
-    ),
-    Scenario(
-        "outage",
-        "hard outage: one of two primary deployments answers 503 throughout",
-        {"primary": ["p-a", "p-b"], "backup": ["b-a"]},
-        [{"primary": ["backup"]}],
-        _outage,
-    ),
-    Scenario(
-        "silent",
-        "silent provider: one of two primary deployments never answers",
-        {"primary": ["p-a", "p-b"], "backup": ["b-a"]},
-        [{"primary": ["backup"]}],
-        _silent,
-    ),
-    Scenario(
-        "flapping",
-        "flapping primary: the only primary deployment is down 1 s, up 1 s",
-        {"primary": ["p-a"], "backup": ["b-a"]},
-        [{"primary": ["backup"]}],
-        _flap_setup,
-        _flap_tick,
-    ),
-    Scenario(
-        "three-5pct",
-        "three providers, each failing 5% of calls independently (x -> y -> z)",
-        {"x": ["x-a"], "y": ["y-a"], "z": ["z-a"]},
-        [{"x": ["y", "z"]}],
-        _three,
-    ),
-]
-
-
-def model_list(sim: ProviderSimulator, groups: dict[str, list[str]]) -> list[dict[str, Any]]:
-    return [
-        {
-            "model_name": g,
-            "litellm_params": {
-                "model": "openai/gpt-4o-mini",
-                "api_base": sim.api_base(d),
-                "api_key": "sk-sim",
-                "input_cost_per_token": 1e-6,
-                "output_cost_per_token": 2e-6,
-            },
-            "model_info": {"id": d},
-        }
-        for g, deps in groups.items()
-        for d in deps
-    ]
-
-
-Call = Callable[[], Awaitable[Any]]
-# Breaker transitions of the plugin run in progress: (deployment, monotonic time, new state).
-OPENED: list[tuple[str, float, str]] = []
-
-
-def sent_while_open(requests: list[Any]) -> int:
-    """Requests that reached a deployment while the plugin held its breaker open (probes excluded)."""
+def sent_while_open(requests: list[Request], opened: list[tuple[str, float, str]]) -> int:
+    """Requests that reached a deployment while the plugin held its breaker open (probes, sent
+    half-open, excluded)."""
     count = 0
     for r in requests:
         state = "closed"
-        for dep, t, new in OPENED:
+        for dep, t, new in opened:
             if dep == r.deployment and t <= r.started_at:
                 state = new
-        if state == "open":
-            count += 1
+        count += state == "open"
     return count
 
 
-def build(system: str, sim: ProviderSimulator, sc: Scenario) -> tuple[Call, Callable[[], None]]:
-    import litellm  # after llm_resilience_plugin: its env keeps LiteLLM offline
-
-    first = next(iter(sc.groups))
-    ml = model_list(sim, sc.groups)
-    if system == "bare":
-        r = litellm.Router(model_list=ml, fallbacks=sc.fallbacks)
-        return (lambda: r.acompletion(model=first, messages=MSG)), (lambda: None)
-    if system == "tuned":
-        r = litellm.Router(
-            model_list=ml,
-            fallbacks=sc.fallbacks,
-            num_retries=2,
-            allowed_fails=2,
-            cooldown_time=5,
-            timeout=ATTEMPT_TIMEOUT,
-            retry_after=0,
-        )
-        return (lambda: r.acompletion(model=first, messages=MSG)), (lambda: None)
-    if system == "langchain":
-        from langchain_litellm import ChatLiteLLMRouter
-
-        r = litellm.Router(model_list=ml, num_retries=0, timeout=ATTEMPT_TIMEOUT)
-        chain = sc.fallbacks[0][first]
-
-        def model(group: str) -> Any:
-            return ChatLiteLLMRouter(router=r, model=group, max_retries=0).with_retry(
-                stop_after_attempt=3, wait_exponential_jitter=True
-            )
-
-        runnable = model(first).with_fallbacks([model(g) for g in chain])
-        return (lambda: runnable.ainvoke(MSG)), (lambda: None)
-    rr = ResilientRouter(
-        model_list=ml,
-        fallbacks=sc.fallbacks,
-        policy={"attempt_timeout": ATTEMPT_TIMEOUT, "deadline": DEADLINE},
-    )
-    OPENED.clear()
-
-    def on_event(e: Any) -> None:
-        if type(e).__name__ == "BreakerTransition":
-            if e.new_state == "open":
-                OPENED.append((e.deployment_id, time.monotonic(), "open"))
-            elif e.old_state == "open":
-                OPENED.append((e.deployment_id, time.monotonic(), e.new_state))
-
-    rr.subscribe(on_event)
-    return (lambda: rr.acompletion(model=first, messages=MSG)), rr.close
-
-
-async def run_one(system: str, sc: Scenario, sim: ProviderSimulator, calls: int, conc: int) -> dict[str, Any]:
-    sim.reset()
-    sc.setup(sim)
-    call, close = build(system, sim, sc)
-    sem = asyncio.Semaphore(conc)
-    lat: list[float] = []
-    ok = 0
-    t_start = time.monotonic()
-    stop = asyncio.Event()
-
-    async def ticker() -> None:
-        while not stop.is_set():
-            if sc.during is not None:
-                sc.during(sim, time.monotonic() - t_start)
-            await asyncio.sleep(0.05)
-
-    async def one() -> None:
-        nonlocal ok
-        async with sem:
-            t = time.monotonic()
-            try:
-                await asyncio.wait_for(call(), timeout=DEADLINE + 5)
-                ok += 1
-            except Exception:
-                pass
-            lat.append(time.monotonic() - t)
-
-    tick = asyncio.create_task(ticker())
-    await asyncio.gather(*(one() for _ in range(calls)))
-    stop.set()
-    await tick
-    close()
-    reqs = sim.requests()
-    faulted = sum(1 for r in reqs if r.behavior not in ("ok", "flaky:ok"))
-    billed = sum(1 for r in reqs if r.status == 200)
+def _metrics(
+    cell: Cell,
+    results: list[tuple[Outcome, float]],
+    reqs: list[Request],
+    system: System,
+    healthy_at: float | None,
+    start: float,
+    end: float,
+) -> dict[str, Any]:
+    """The cell's numbers (see the module docstring) from its outcomes and the simulator's log."""
+    calls = len(results)
+    lat = [t for _, t in results]
+    ok = [o for o, _ in results if o.ok]
+    primaries = {cell.dep(d) for d in cell.scenario.groups[cell.scenario.primary]}
+    back: float | None = None
+    if healthy_at is not None:
+        served = [r.started_at for r in reqs if r.deployment in primaries and r.behavior == "ok"]
+        after = [t for t in served if t >= healthy_at]
+        back = min(after) - healthy_at if after else None
+    errors = Counter(o.error for o, _ in results if not o.ok)
     return {
-        "success_rate": ok / calls,
+        "calls": calls,
+        "success_rate": len(ok) / calls,
         "p50_s": pct(lat, 50),
         "p99_s": pct(lat, 99),
         "upstream_per_call": len(reqs) / calls,
-        "to_failing": faulted,
-        "billed": billed,
-        "sent_while_open": sent_while_open(reqs) if system == "plugin" else None,
-        "wall_s": time.monotonic() - t_start,
+        "on_primary": sum(o.deployment in cell.scenario.groups[cell.scenario.primary] for o in ok) / calls,
+        "back_on_primary_s": back,
+        "observed_after_recovery_s": None if healthy_at is None else end - healthy_at,
+        "to_failing": sum(1 for r in reqs if r.behavior != "ok"),
+        "billed": sum(1 for r in reqs if r.status == 200),
+        "sent_while_open": sent_while_open(reqs, system.opened) if cell.system == "plugin" else None,
+        "breaker_opens": sum(new == "open" for _, _, new in system.opened),
+        "errors": dict(errors),
+        "wall_s": end - start,
     }
 
 
+@dataclass
+class Prepared:
+    """A cell with its system built and warmed up, ready to measure."""
+
+    cell: Cell
+    system: System
+
+
+async def prepare(cell: Cell, sim: SimulatorProcess, args: argparse.Namespace) -> Prepared:
+    """Healthy deployments, the system built and warmed up on them (not measured): the plugin
+    with ``--warmup`` calls (it learns from them), the others with LEAN_WARMUP (they learn
+    nothing from healthy calls; these open their HTTP clients)."""
+    for name in cell.scenario.deployments:
+        sim.set_default(cell.dep(name), healthy(cell.dep(name)))
+    system = build(cell, sim)
+    warmup = args.warmup if cell.system == "plugin" else min(args.warmup, LEAN_WARMUP)
+    if warmup:
+        await _closed_loop(system, warmup, WARMUP_CONCURRENCY)
+    return Prepared(cell, system)
+
+
+async def measure(p: Prepared, sim: SimulatorProcess, args: argparse.Namespace) -> dict[str, Any]:
+    """Inject the scenario's fault, send the calls, read the simulator's log; closes the system."""
+    sc, system = p.cell.scenario, p.system
+    try:
+        calls = sc.load.count(args.calls)
+        start = time.monotonic()
+        sc.inject(sim, p.cell.dep)
+        healthy_at = None if sc.recovers_after is None else start + sc.recovers_after
+        if sc.load.rate is None:
+            results = await _closed_loop(system, calls, args.concurrency)
+        else:
+            results = await _paced(system, calls, sc.load.rate)
+        end = time.monotonic()
+    finally:
+        system.close()
+    reqs = sim.log({p.cell.dep(d) for d in sc.deployments}, start)
+    return _metrics(p.cell, results, reqs, system, healthy_at, start, end)
+
+
+async def run_scenario(
+    sc: Scenario, sim: SimulatorProcess, systems: list[str], args: argparse.Namespace
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """Every (caller, system) cell of ``sc``: side by side when the scenario is bound by waiting
+    (warm-ups first, then every measurement at once), else one after another."""
+    sim.reset()
+    cells = [Cell(sc, system, consumer) for consumer in sc.consumers for system in systems]
+    if (sc.parallel or args.quick) and not args.serial:
+        ready = await asyncio.gather(*(prepare(c, sim, args) for c in cells))
+        measured = list(await asyncio.gather(*(measure(p, sim, args) for p in ready)))
+    else:
+        measured = [await measure(await prepare(c, sim, args), sim, args) for c in cells]
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for cell, m in zip(cells, measured, strict=True):
+        out.setdefault(cell.consumer, {})[cell.system] = m
+    return out
+
+
+def _num(value: float | None, fmt: str, missing: str = "-") -> str:
+    return missing if value is None else format(value, fmt)
+
+
+def print_table(results: dict[str, Any]) -> None:
+    """The Markdown table: one row per scenario, caller and system."""
+    columns = [
+        "scenario", "caller", "system", "success", "p50 s", "p99 s", "upstream/call",
+        "on primary", "back on primary s", "to failing", "billed", "sent while open",
+    ]  # fmt: skip
+    print("| " + " | ".join(columns) + " |")
+    print("|---|---|---|" + "---:|" * (len(columns) - 3))
+    for name, by_consumer in results.items():
+        for consumer, by_system in by_consumer.items():
+            for system, m in by_system.items():
+                back = m["back_on_primary_s"]
+                if m["observed_after_recovery_s"] is None:
+                    back_s = "-"
+                elif back is None:
+                    back_s = f"never (>{m['observed_after_recovery_s']:.0f})"
+                else:
+                    back_s = f"{back:.1f}"
+                cells = [
+                    name, consumer, system, f"{m['success_rate']:.0%}", f"{m['p50_s']:.2f}",
+                    f"{m['p99_s']:.2f}", f"{m['upstream_per_call']:.2f}", f"{m['on_primary']:.0%}",
+                    back_s, str(m["to_failing"]), str(m["billed"]), _num(m["sent_while_open"], "d"),
+                ]  # fmt: skip
+                print("| " + " | ".join(cells) + " |")
+
+
 async def main() -> None:
+    """Parse the options, run the chosen scenarios, print the table, write the JSON."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--calls", type=int, default=200)
-    ap.add_argument("--concurrency", type=int, default=20)
+    ap.add_argument("--quick", action="store_true", help="a smoke run: fewer calls, shorter incidents")
+    ap.add_argument("--calls", type=int, default=None, help="calls per cell (default 30; --quick 6)")
+    ap.add_argument("--concurrency", type=int, default=20, help="closed-loop scenarios (storm, ...)")
+    ap.add_argument("--warmup", type=int, default=24, help="healthy calls before measuring (plugin cells)")
     ap.add_argument("--only", default="", help="comma-separated scenario names")
-    ap.add_argument("--systems", default="bare,tuned,langchain,plugin")
-    ap.add_argument("--out", default="benchmarks/results/chaos.json")
+    ap.add_argument("--systems", default=",".join(SYSTEMS))
+    ap.add_argument("--serial", action="store_true", help="run every cell alone (slower, no contention)")
+    ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/chaos[-quick].json)")
     args = ap.parse_args()
-    wanted = {s for s in args.only.split(",") if s}
+    if args.calls is None:
+        args.calls = 6 if args.quick else 30
+    catalogue = scenarios(quick=args.quick)
+    wanted = [s for s in args.only.split(",") if s]
+    unknown = set(wanted) - {s.name for s in catalogue}
+    if unknown:
+        ap.error(f"unknown scenario(s) {sorted(unknown)}; choose from {[s.name for s in catalogue]}")
     systems = [s for s in args.systems.split(",") if s]
-    results: dict[str, dict[str, Any]] = {}
-    with ProviderSimulator() as sim:
-        for sc in SCENARIOS:
-            if wanted and sc.name not in wanted:
-                continue
-            results[sc.name] = {}
-            for system in systems:
-                results[sc.name][system] = await run_one(system, sc, sim, args.calls, args.concurrency)
-    print(f"calls per cell: {args.calls}, concurrency {args.concurrency}\n")
-    columns = ["scenario", "system", "success", "p50 s", "p99 s", "upstream/call", "to failing", "billed"]
-    print("| " + " | ".join([*columns, "sent while open"]) + " |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
-    for name, by_system in results.items():
-        for system, m in by_system.items():
-            print(
-                f"| {name} | {system} | {m['success_rate']:.1%} | {m['p50_s']:.3f} | {m['p99_s']:.3f} | "
-                f"{m['upstream_per_call']:.2f} | {m['to_failing']} | {m['billed']} | "
-                f"{'-' if m['sent_while_open'] is None else m['sent_while_open']} |"
-            )
+    bad = set(systems) - set(SYSTEMS)
+    if bad:
+        ap.error(f"unknown system(s) {sorted(bad)}; choose from {list(SYSTEMS)}")
+    chosen = [s for s in catalogue if not wanted or s.name in wanted]
+    results: dict[str, Any] = {}
+    t0 = time.monotonic()
+    with SimulatorProcess() as sim:
+        for sc in chosen:
+            t = time.monotonic()
+            results[sc.name] = await run_scenario(sc, sim, systems, args)
+            print(f"  {sc.name}: {time.monotonic() - t:.0f} s", flush=True)
+    total = time.monotonic() - t0
+    mode = "quick" if args.quick else "default"
+    print(f"\n{mode} run: {args.calls} calls per cell (paced scenarios: rate x duration), warm-up "
+          f"{args.warmup}, concurrency {args.concurrency}, {'serial' if args.serial else 'parallel'} "
+          f"cells, {total:.0f} s\n")  # fmt: skip
+    print_table(results)
     print()
-    for sc in SCENARIOS:
-        if sc.name in results:
-            print(f"- {sc.name}: {sc.description}")
-    out = write_json(args.out, {"calls": args.calls, "concurrency": args.concurrency, "results": results})
-    print(f"\nJSON: {out}")
+    for sc in chosen:
+        print(f"- {sc.name}: {sc.description}")
+    out_path = args.out or f"benchmarks/results/chaos{'-quick' if args.quick else ''}.json"
+    data = {
+        "mode": mode,
+        "calls": args.calls,
+        "concurrency": args.concurrency,
+        "warmup": args.warmup,
+        "serial": args.serial,
+        "call_cap_s": CALL_CAP,
+        "total_s": total,
+        "scenarios": {sc.name: sc.description for sc in chosen},
+        "results": results,
+    }
+    print(f"\nJSON: {write_json(out_path, data)}")
 
 
 if __name__ == "__main__":

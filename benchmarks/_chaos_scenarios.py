@@ -1,0 +1,300 @@
+"""The chaos benchmark's scenarios: the deployments of a call, what the simulator does to them, and
+how calls arrive. Every deployment answers a known 60-word text, so a truncated or spliced answer
+is told from a complete one by its text, and the deployment that answered by its first word."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import llm_resilience_plugin  # noqa: F401  (offline LiteLLM settings first)
+from llm_resilience_plugin.testing import Behavior, Fault
+
+__all__ = [
+    "CONSUMERS",
+    "HEALTHY_CHUNK_DELAY",
+    "HEALTHY_TTFT",
+    "Load",
+    "Scenario",
+    "Scriptable",
+    "answer_text",
+    "healthy",
+    "scenarios",
+]
+
+# A healthy deployment: first token after 0.2 s, then one word every 10 ms (60 words: ~0.8 s).
+HEALTHY_TTFT = 0.2
+HEALTHY_CHUNK_DELAY = 0.01
+ANSWER_WORDS = 60
+
+# How a caller reads the answer: a plain completion, a chunk consumer on the router's stream, or
+# LangChain's ainvoke over a streaming chat model (the answer aggregated from the chunks).
+CONSUMERS = ("completion", "stream", "lc")
+
+_FILLER = (
+    "resilience means the answer arrives whole even when a provider stumbles midway so the caller "
+    "never sees a truncated sentence or a spliced paragraph and every retry stays inside its "
+    "deadline while the breaker keeps traffic away from a dead route until a probe finds it "
+    "healthy again and the primary takes its share back"
+).split()
+
+
+class Scriptable(Protocol):
+    """What a scenario scripts on the simulator (a ProviderSimulator or the benchmark's child process)."""
+
+    def set_default(self, deployment: str, behavior: Behavior) -> None: ...
+    def script(self, deployment: str, *behaviors: Behavior) -> None: ...
+    def outage(self, deployment: str, seconds: float, behavior: Behavior | None = None) -> None: ...
+    def token_bucket(
+        self, deployment: str, rate: float, burst: int, retry_after: float | None = None
+    ) -> None: ...
+
+
+Deps = Callable[[str], str]
+"""Maps a scenario's deployment name (``p-a``) to the simulator deployment of one cell."""
+
+
+def answer_text(deployment: str) -> str:
+    """The 60 words ``deployment`` answers: its name first, then filler (one word per chunk)."""
+    words = [f"[{deployment}]"] + [_FILLER[i % len(_FILLER)] for i in range(ANSWER_WORDS - 1)]
+    return " ".join(words) + "."
+
+
+def healthy(deployment: str) -> Behavior:
+    """A healthy reply from ``deployment``: its full answer at the healthy pace."""
+    return Fault.ok(text=answer_text(deployment), ttft=HEALTHY_TTFT, chunk_delay=HEALTHY_CHUNK_DELAY)
+
+
+def _answering(fault: Behavior, deployment: str, ttft: float = HEALTHY_TTFT) -> Behavior:
+    """``fault`` applied to the deployment's own 60-word answer at the healthy pace (the Fault
+    constructors leave the text to the simulator's short default reply)."""
+    return dataclasses.replace(
+        fault, text=answer_text(deployment), ttft=ttft, chunk_delay=HEALTHY_CHUNK_DELAY
+    )
+
+
+@dataclass(frozen=True)
+class Load:
+    """How calls arrive in one cell: a closed loop at ``--concurrency`` (``rate`` None), or evenly
+    spaced at ``rate`` per second; ``--calls`` x ``scale`` calls, or ``calls``, or as many as
+    fill ``duration`` seconds."""
+
+    rate: float | None = None
+    duration: float | None = None
+    scale: float = 1.0
+    calls: int | None = None
+
+    def count(self, base: int) -> int:
+        """Calls per cell for a ``--calls`` of ``base``."""
+        if self.rate is not None and self.duration is not None:
+            return max(1, round(self.rate * self.duration))
+        if self.calls is not None:
+            return self.calls
+        return max(1, round(base * self.scale))
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One failure scenario: deployments, fallbacks, the fault injected when measuring starts."""
+
+    name: str
+    description: str
+    groups: dict[str, list[str]]
+    fallbacks: list[dict[str, list[str]]]
+    inject: Callable[[Scriptable, Deps], None]
+    consumers: tuple[str, ...] = ("completion",)
+    load: Load = field(default_factory=Load)
+    recovers_after: float | None = None
+    """Seconds after the start when the primary is healthy again ("time back on primary")."""
+    plugin_policy: dict[str, float] = field(default_factory=dict)
+    """The plugin's policy here: its defaults, plus what the scenario pins (see ``scenarios``)."""
+    parallel: bool = False
+    """Run the cells at the same time: the scenario is bound by waiting (stalls, holds, incidents),
+    so CPU contention between cells barely moves its numbers; the rest run one cell at a time."""
+
+    @property
+    def primary(self) -> str:
+        """The group every call asks for."""
+        return next(iter(self.groups))
+
+    @property
+    def deployments(self) -> list[str]:
+        """Every deployment of the scenario (its own names, before a cell's prefix)."""
+        return [d for deps in self.groups.values() for d in deps]
+
+
+ONE_PRIMARY = {"primary": ["p-a"], "fallback": ["f-a"]}
+ONE_FALLBACK = [{"primary": ["fallback"]}]
+TWO_PRIMARIES = {"primary": ["p-a", "p-b"], "backup": ["b-a"]}
+TWO_FALLBACK = [{"primary": ["backup"]}]
+# Long waits (stalls, slow first tokens, held connections) are judged against a realistic 30 s
+# attempt timeout, pinned so a change of the plugin's defaults does not change the question.
+REALISTIC = {"attempt_timeout": 30.0}
+
+
+def _storm(sim: Scriptable, dep: Deps) -> None:
+    sim.token_bucket(dep("p-a"), rate=15, burst=5, retry_after=1)
+    sim.token_bucket(dep("p-b"), rate=15, burst=5, retry_after=1)
+
+
+def _outage(sim: Scriptable, dep: Deps) -> None:
+    sim.set_default(dep("p-a"), Fault.server_error(503))
+
+
+def _three(sim: Scriptable, dep: Deps) -> None:
+    # Each provider fails 5% of its requests (seeded, the same draws for every system): a script
+    # long enough for any cell, then healthy.
+    for i, name in enumerate(("x-a", "y-a", "z-a")):
+        rng = random.Random(100 + i)
+        d = dep(name)
+        sim.script(d, *(Fault.server_error(500) if rng.random() < 0.05 else healthy(d) for _ in range(400)))
+
+
+def _primary_fault(make: Callable[[str], Behavior]) -> Callable[[Scriptable, Deps], None]:
+    """Inject: the primary ``p-a`` answers ``make(its simulator name)`` from now on."""
+
+    def inject(sim: Scriptable, dep: Deps) -> None:
+        sim.set_default(dep("p-a"), make(dep("p-a")))
+
+    return inject
+
+
+def _primary_incident(seconds: float, fault: Behavior) -> Callable[[Scriptable, Deps], None]:
+    """Inject: the primary ``p-a`` answers ``fault`` for ``seconds``, then healthy again."""
+
+    def inject(sim: Scriptable, dep: Deps) -> None:
+        sim.outage(dep("p-a"), seconds, fault)
+
+    return inject
+
+
+def scenarios(quick: bool = False) -> list[Scenario]:
+    """Every scenario; ``quick`` shortens the slow ones (incidents, stalls, holds) for a smoke run."""
+    stall = 11.0 if quick else 30.0
+    ttft = 11.0 if quick else 20.0
+    hold = 5.0 if quick else 15.0
+    silent = 4.0 if quick else 10.0
+    short_down, short_after = (2.0, 5.0) if quick else (3.0, 15.0)
+    long_down, long_after = (6.0, 10.0) if quick else (20.0, 40.0)
+    rl_down, rl_after = (3.0, 3.0) if quick else (4.0, 8.0)
+    # The storm needs more calls than the buckets hold (2 x 5 burst + 2 x 15/s) to be one.
+    storm = Load(calls=30 if quick else 60)
+    paced = Load(rate=10.0)
+    slow = Load(rate=5.0, scale=0.5)  # fewer, gentler: these run their cells side by side
+    return [
+        Scenario(
+            "storm",
+            "429 storm: both primary deployments behind a 15 req/s token bucket (Retry-After: 1)",
+            TWO_PRIMARIES,
+            TWO_FALLBACK,
+            _storm,
+            load=storm,
+        ),
+        Scenario(
+            "outage",
+            "hard outage: one of two primary deployments answers 503 throughout",
+            TWO_PRIMARIES,
+            TWO_FALLBACK,
+            _outage,
+        ),
+        Scenario(
+            "silent",
+            f"silent provider: one of two primary deployments sends nothing (drops after {silent:g} s)",
+            TWO_PRIMARIES,
+            TWO_FALLBACK,
+            _primary_fault(lambda d: Fault.silence(max_hold=silent)),
+            plugin_policy=REALISTIC,
+            parallel=True,
+        ),
+        Scenario(
+            "three-5pct",
+            "three providers, each failing 5% of calls independently (x -> y -> z)",
+            {"x": ["x-a"], "y": ["y-a"], "z": ["z-a"]},
+            [{"x": ["y", "z"]}],
+            _three,
+            load=Load(scale=2.0),  # 5% needs calls to show
+        ),
+        Scenario(
+            "stream-cut",
+            "the primary's stream is cut (FIN) after 40 of 60 words",
+            ONE_PRIMARY,
+            ONE_FALLBACK,
+            _primary_fault(lambda d: _answering(Fault.stream_cut(after_chunks=40), d)),
+            consumers=("stream", "lc"),
+            load=paced,
+        ),
+        Scenario(
+            "malformed",
+            "one invalid-JSON SSE event after 30 of the primary's 60 words",
+            ONE_PRIMARY,
+            ONE_FALLBACK,
+            _primary_fault(lambda d: _answering(Fault.malformed_chunk(after_chunks=30), d)),
+            consumers=("stream", "lc"),
+            load=paced,
+        ),
+        Scenario(
+            "stall",
+            f"the primary's stream stalls after 30 of 60 words for {stall:g} s (then RST)",
+            ONE_PRIMARY,
+            ONE_FALLBACK,
+            _primary_fault(lambda d: _answering(Fault.stream_stall(after_chunks=30, seconds=stall), d)),
+            consumers=("stream", "lc"),
+            load=slow,
+            plugin_policy=REALISTIC,
+            parallel=True,
+        ),
+        Scenario(
+            "slow-ttft",
+            f"the primary's first token (whole answer, non-stream) comes after {ttft:g} s",
+            ONE_PRIMARY,
+            ONE_FALLBACK,
+            _primary_fault(lambda d: _answering(Fault.slow_first_token(ttft), d, ttft=ttft)),
+            consumers=("completion", "stream", "lc"),
+            load=slow,
+            plugin_policy=REALISTIC,
+            parallel=True,
+        ),
+        Scenario(
+            "retry-after",
+            f"the primary answers 429 with Retry-After: 2 for {rl_down:g} s, then healthy",
+            ONE_PRIMARY,
+            ONE_FALLBACK,
+            _primary_incident(rl_down, Fault.rate_limit(retry_after=2)),
+            load=Load(rate=5.0, duration=rl_down + rl_after),
+            recovers_after=rl_down,
+        ),
+        Scenario(
+            "flap-short",
+            f"the primary is down (503) for {short_down:g} s, then healthy",
+            ONE_PRIMARY,
+            ONE_FALLBACK,
+            _primary_incident(short_down, Fault.server_error(503)),
+            load=Load(rate=4.0, duration=short_down + short_after),
+            recovers_after=short_down,
+            parallel=True,
+        ),
+        Scenario(
+            "flap-long",
+            f"the primary is down (503) for {long_down:g} s, then healthy",
+            ONE_PRIMARY,
+            ONE_FALLBACK,
+            _primary_incident(long_down, Fault.server_error(503)),
+            load=Load(rate=2.0, duration=long_down + long_after),
+            recovers_after=long_down,
+            parallel=True,
+        ),
+        Scenario(
+            "hold-drop",
+            f"the primary holds the connection {hold:g} s without a byte, then drops it (RST)",
+            ONE_PRIMARY,
+            ONE_FALLBACK,
+            _primary_fault(lambda d: Fault.silence(max_hold=hold)),
+            consumers=("completion", "stream"),
+            load=slow,
+            plugin_policy=REALISTIC,
+            parallel=True,
+        ),
+    ]

@@ -1,0 +1,279 @@
+"""The four systems the chaos benchmark compares, each read by three kinds of caller.
+
+Systems (same deployments, same workload):
+  bare      litellm.Router with LiteLLM's defaults (+ the same fallbacks)
+  tuned     litellm.Router tuned: num_retries=2, allowed_fails=2, cooldown_time=5, timeout=30,
+            stream_timeout=10 (the plugin's attempt and stream timeouts), fallbacks
+  langchain ChatLiteLLMRouter(...).with_retry(3 tries, jitter).with_fallbacks([...]) over a Router
+            with num_retries=0 and LiteLLM's default timeout (LangChain's own tools)
+  plugin    ResilientRouter on its default policy (plus what a scenario pins)
+
+Callers: ``completion`` (non-stream call), ``stream`` (a chunk consumer on the router's stream;
+the plugin's router gets :data:`PLUGIN_STREAM_POLICY`, the documented opt-in for chunk consumers,
+and the consumer honours its restart markers), ``lc`` (LangChain ``ainvoke`` over a streaming chat
+model: ``ChatLiteLLMRouter(streaming=True)`` or ``ResilientChatModel(streaming=True)``, defaults).
+
+An answer counts only when complete: exactly one deployment's full text, finish reason ``stop``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import llm_resilience_plugin  # noqa: F401  (offline LiteLLM settings first)
+from llm_resilience_plugin import ResilientRouter
+from llm_resilience_plugin.events import BreakerTransition, StreamRestart
+
+try:  # run as a script (python benchmarks/x.py) or imported as benchmarks.x
+    from _chaos_scenarios import Scenario, answer_text
+except ImportError:  # pragma: no cover
+    from benchmarks._chaos_scenarios import Scenario, answer_text
+
+__all__ = [
+    "MSG",
+    "PLUGIN_STREAM_POLICY",
+    "SYSTEMS",
+    "Cell",
+    "Outcome",
+    "System",
+    "build",
+]
+
+MSG = [{"role": "user", "content": "Give me one paragraph about resilience."}]
+SYSTEMS = ("bare", "tuned", "langchain", "plugin")
+
+# The plugin's opt-in for chunk consumers: a stream broken after content starts over on another
+# route, announced in-band by a StreamRestart marker (policy.py: restart_broken_streams; the
+# prefill variant, continue_streams_with_prefill, needs a model LiteLLM knows supports it).
+PLUGIN_STREAM_POLICY: dict[str, Any] = {"restart_broken_streams": True}
+
+# The tuned Router's timeouts: the plugin's attempt timeout and its stream timeouts.
+TUNED_TIMEOUT = 30.0
+TUNED_STREAM_TIMEOUT = 10.0
+
+
+class Addresses(Protocol):
+    """Where a simulator deployment is served (a Addresses or the benchmark's process)."""
+
+    def api_base(self, deployment: str) -> str: ...
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One call: a complete answer or not, which deployment's answer, or the error's type."""
+
+    ok: bool
+    deployment: str | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One (scenario, system, caller) run; its simulator deployments carry its own prefix."""
+
+    scenario: Scenario
+    system: str
+    consumer: str
+
+    def dep(self, name: str) -> str:
+        """The simulator deployment standing for the scenario's ``name`` in this cell."""
+        return f"{self.system}-{self.consumer}-{name}"
+
+    def judge(self, text: Any, finish: Any) -> Outcome:
+        """Complete (one deployment's exact answer, finish ``stop``) or not."""
+        for name in self.scenario.deployments:
+            if text == answer_text(self.dep(name)):
+                if finish == "stop":
+                    return Outcome(True, name)
+                return Outcome(False, name, f"finish_reason={finish}")
+        return Outcome(False, None, "incomplete text" if text else "no text")
+
+
+@dataclass
+class System:
+    """A built system: one call as the cell's caller makes it, and how to close it."""
+
+    call: Callable[[], Awaitable[Outcome]]
+    close: Callable[[], None] = lambda: None
+    opened: list[tuple[str, float, str]] = field(default_factory=list)
+    """Plugin only: breaker transitions to or from open (deployment id, monotonic time, new state)."""
+
+
+def model_list(sim: Addresses, cell: Cell) -> list[dict[str, Any]]:
+    """LiteLLM's model_list for the cell: one openai/ deployment per simulator deployment."""
+    return [
+        {
+            "model_name": group,
+            "litellm_params": {
+                "model": "openai/gpt-4o-mini",
+                "api_base": sim.api_base(cell.dep(d)),
+                "api_key": "sk-sim",
+                "input_cost_per_token": 1e-6,
+                "output_cost_per_token": 2e-6,
+            },
+            "model_info": {"id": cell.dep(d)},
+        }
+        for group, deps in cell.scenario.groups.items()
+        for d in deps
+    ]
+
+
+def _choice(obj: Any) -> Any:
+    choices = getattr(obj, "choices", None) or []
+    return choices[0] if choices else None
+
+
+async def _read_stream(cell: Cell, stream: Any) -> Outcome:
+    """A chunk consumer: concatenates deltas; a plugin restart marker starts the answer over
+    (``restart``) or keeps it (``continue``)."""
+    parts: list[str] = []
+    finish = None
+    async for chunk in stream:
+        if isinstance(chunk, StreamRestart):
+            if chunk.mode == "restart":
+                parts, finish = [], None
+            continue
+        choice = _choice(chunk)
+        if choice is None:
+            continue
+        text = getattr(getattr(choice, "delta", None), "content", None)
+        if text:
+            parts.append(text)
+        if getattr(choice, "finish_reason", None):
+            finish = choice.finish_reason
+    return cell.judge("".join(parts), finish)
+
+
+def _judge_message(cell: Cell, message: Any) -> Outcome:
+    meta = getattr(message, "response_metadata", None) or {}
+    return cell.judge(message.content, meta.get("finish_reason"))
+
+
+async def _read_lc_stream(cell: Cell, chunks: Any) -> Outcome:
+    """LangChain ``astream``: the chunks summed, judged like an ``ainvoke`` answer."""
+    total: Any = None
+    async for chunk in chunks:
+        total = chunk if total is None else total + chunk
+    if total is None:
+        return Outcome(False, None, "no chunks")
+    return _judge_message(cell, total)
+
+
+def _litellm_router(cell: Cell, sim: Addresses, **settings: Any) -> Any:
+    import litellm  # after llm_resilience_plugin: its env keeps LiteLLM offline
+
+    return litellm.Router(model_list=model_list(sim, cell), **settings)
+
+
+def _direct(cell: Cell, router: Any) -> Callable[[], Awaitable[Outcome]]:
+    """A completion or a chunk consumer on ``router.acompletion`` (LiteLLM's or the plugin's)."""
+    group = cell.scenario.primary
+    if cell.consumer == "stream":
+
+        async def stream() -> Outcome:
+            return await _read_stream(cell, await router.acompletion(model=group, messages=MSG, stream=True))
+
+        return stream
+
+    async def completion() -> Outcome:
+        choice = _choice(await router.acompletion(model=group, messages=MSG))
+        return cell.judge(choice.message.content, choice.finish_reason)
+
+    return completion
+
+
+def _over_router(cell: Cell, router: Any) -> Callable[[], Awaitable[Outcome]]:
+    """bare/tuned: the Router called directly, or through LangChain's ChatLiteLLMRouter."""
+    if cell.consumer != "lc":
+        return _direct(cell, router)
+    from langchain_litellm import ChatLiteLLMRouter
+
+    chat = ChatLiteLLMRouter(router=router, model=cell.scenario.primary, streaming=True)
+
+    async def lc() -> Outcome:
+        return _judge_message(cell, await chat.ainvoke(MSG))
+
+    return lc
+
+
+def _langchain(cell: Cell, sim: Addresses) -> System:
+    """LangChain's own tools: with_retry on each group, with_fallbacks across groups."""
+    from langchain_litellm import ChatLiteLLMRouter
+
+    router = _litellm_router(cell, sim, num_retries=0)
+    streaming = cell.consumer != "completion"
+
+    def model(group: str) -> Any:
+        return ChatLiteLLMRouter(router=router, model=group, max_retries=0, streaming=streaming).with_retry(
+            stop_after_attempt=3, wait_exponential_jitter=True
+        )
+
+    primary = cell.scenario.primary
+    chain = cell.scenario.fallbacks[0][primary]
+    runnable = model(primary).with_fallbacks([model(g) for g in chain])
+    if cell.consumer == "stream":
+
+        async def stream() -> Outcome:
+            return await _read_lc_stream(cell, runnable.astream(MSG))
+
+        return System(stream)
+
+    async def invoke() -> Outcome:
+        return _judge_message(cell, await runnable.ainvoke(MSG))
+
+    return System(invoke)
+
+
+def _plugin(cell: Cell, sim: Addresses) -> System:
+    """The plugin: its router directly (chunk consumers opt in to restarts), or its chat model."""
+    policy: dict[str, Any] = dict(cell.scenario.plugin_policy)
+    if cell.consumer == "stream":
+        policy.update(PLUGIN_STREAM_POLICY)
+    router = ResilientRouter(
+        model_list=model_list(sim, cell), fallbacks=cell.scenario.fallbacks, policy=policy
+    )
+    opened: list[tuple[str, float, str]] = []
+
+    def on_event(e: Any) -> None:
+        if isinstance(e, BreakerTransition) and "open" in (e.new_state, e.old_state):
+            opened.append((e.deployment_id, time.monotonic(), e.new_state))
+
+    router.subscribe(on_event)
+    if cell.consumer != "lc":
+        return System(_direct(cell, router), router.close, opened)
+    from llm_resilience_plugin.langchain import ResilientChatModel
+
+    chat = ResilientChatModel(router=router, model=cell.scenario.primary, streaming=True)
+
+    async def lc() -> Outcome:
+        return _judge_message(cell, await chat.ainvoke(MSG))
+
+    return System(lc, router.close, opened)
+
+
+def build(cell: Cell, sim: Addresses) -> System:
+    """The cell's system, ready to call."""
+    sc = cell.scenario
+    if cell.system == "bare":
+        return System(_over_router(cell, _litellm_router(cell, sim, fallbacks=sc.fallbacks)))
+    if cell.system == "tuned":
+        router = _litellm_router(
+            cell,
+            sim,
+            fallbacks=sc.fallbacks,
+            num_retries=2,
+            allowed_fails=2,
+            cooldown_time=5,
+            timeout=TUNED_TIMEOUT,
+            stream_timeout=TUNED_STREAM_TIMEOUT,
+            retry_after=0,
+        )
+        return System(_over_router(cell, router))
+    if cell.system == "langchain":
+        return _langchain(cell, sim)
+    if cell.system == "plugin":
+        return _plugin(cell, sim)
+    raise ValueError(f"unknown system {cell.system!r}; choose from {', '.join(SYSTEMS)}")
