@@ -59,18 +59,15 @@ class _Walk:
         self.tried = [self.requested]
 
 
-class _Done(Exception):
-    """The walk ends with ``result`` (a static answer) instead of an error."""
-
-    def __init__(self, result: Any) -> None:
-        self.result = result
+# What _after_exhausted returns when the walk goes on (anything else is the call's answer).
+_AGAIN: Any = object()
 
 
 def _after_exhausted(
     engine: Engine, call: CallState, walk: _Walk, failure: Failure, base_kwargs: dict[str, Any]
-) -> None:
-    """A group gave up on ``failure``: trim and go again, fail over, answer statically, or raise
-    the call's final error. Shared by the async and the sync walk."""
+) -> Any:
+    """A group gave up on ``failure``: trim and go again, fail over (both: ``_AGAIN``), answer
+    statically (the answer), or raise the call's final error. Shared by the async and sync walk."""
     degradation = engine.policies[walk.requested].degradation
     chain = engine.fallback_chain(walk.requested, failure.error_class)
     nxt = next_route(
@@ -88,14 +85,14 @@ def _after_exhausted(
             walk.trimmed = True
             call.report.degraded.append(f"context trimmed: {len(walk.messages)} -> {len(smaller)} messages")
             walk.messages = smaller
-            return
+            return _AGAIN
     if nxt is None:
         static = (
             _static_answer(engine, call, walk.requested, failure, walk.messages) if engine.degrades else None
         )
         if static is not None:
             finish(engine, call, static, None, group=None, level=walk.level)
-            raise _Done(static)
+            return static
         finish(engine, call, None, failure)
         err = final_error(call, engine.policy.min_attempt_time, engine.as_itself)
         raise err from err.__cause__
@@ -107,6 +104,7 @@ def _after_exhausted(
         walk.kwargs = _degrade_for_level(
             engine, call, degradation.levels.get(walk.level), base_kwargs, walk.level
         )
+    return _AGAIN
 
 
 async def walk_routes(
@@ -119,11 +117,10 @@ async def walk_routes(
         if call.failures and not _has_candidates(engine, call, group):
             # Every deployment of this group already failed this call (a stream resuming
             # elsewhere): go straight to the next route, nothing to record here.
-            try:
-                _after_exhausted(engine, call, walk, call.failures[-1], kwargs)
-            except _Done as done:
-                return done.result
-            continue
+            step = _after_exhausted(engine, call, walk, call.failures[-1], kwargs)
+            if step is _AGAIN:
+                continue
+            return step
         try:
             # The first attempt runs before tenacity is built: most calls succeed at once and
             # never pay for a retry loop. A failure is handed to tenacity as its attempt 1.
@@ -142,11 +139,10 @@ async def walk_routes(
                     engine, call, group, level, walk.messages, walk.kwargs, hedge, first
                 )
         except AttemptFailed as af:
-            try:
-                _after_exhausted(engine, call, walk, af.failure, kwargs)
-            except _Done as done:
-                return done.result
-            continue
+            step = _after_exhausted(engine, call, walk, af.failure, kwargs)
+            if step is _AGAIN:
+                continue
+            return step
         finish(engine, call, result, None, group=group, level=level)
         return result
 
@@ -164,6 +160,11 @@ def walk_routes_sync(
     walk = _Walk(requested, messages, kwargs)
     while True:
         group, level = walk.group, walk.level
+        if call.failures and not _has_candidates(engine, call, group):
+            step = _after_exhausted(engine, call, walk, call.failures[-1], kwargs)
+            if step is _AGAIN:
+                continue
+            return step
         state = _group_state(engine, call, group)
 
         def before_sleep(rs: tenacity.RetryCallState, group: str = group) -> None:
@@ -183,11 +184,10 @@ def walk_routes_sync(
                     call.out_of_time = True
                 raise
         except AttemptFailed as af:
-            try:
-                _after_exhausted(engine, call, walk, af.failure, kwargs)
-            except _Done as done:
-                return done.result
-            continue
+            step = _after_exhausted(engine, call, walk, af.failure, kwargs)
+            if step is _AGAIN:
+                continue
+            return step
         finish(engine, call, result, None, group=group, level=level)
         return result
 

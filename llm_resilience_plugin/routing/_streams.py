@@ -89,12 +89,12 @@ def _after_prefix(chunks: list[Any], skip: int) -> list[Any]:
     return out
 
 
-def _abandon(engine: Engine, actx: AttemptContext) -> None:
+def _abandon(engine: Engine, actx: AttemptContext, parts: list[str]) -> None:
     """A stream nobody finished: free its breaker ticket; the guards settle their estimate (the
-    request was sent and may be billed)."""
+    request was sent and may be billed; ``parts`` says whether content reached the caller)."""
     engine.release(actx.admission)
     if actx.guard_tokens:
-        actx.settle_guards(None, None, None, billable=True)
+        actx.settle_guards(None, None, None, billable=True, produced=any(parts))
 
 
 class ResilientStream:
@@ -134,7 +134,7 @@ class ResilientStream:
         self.usage: dict[str, int] | None = None
         # A stream dropped without being read to its end or closed still lets go of its breaker
         # ticket (a half-open probe) and settles its cost reservation, when it is collected.
-        self._abandoned = weakref.finalize(self, _abandon, engine, actx)
+        self._abandoned = weakref.finalize(self, _abandon, engine, actx, self._parts)
 
     def bind_restart(self, messages: list[dict[str, Any]], kwargs: dict[str, Any]) -> None:
         """What a restart needs to send the request again from scratch."""
