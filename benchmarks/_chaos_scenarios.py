@@ -112,8 +112,8 @@ class Scenario:
     plugin_policy: dict[str, float] = field(default_factory=dict)
     """The plugin's policy here: its defaults, plus what the scenario pins (see ``scenarios``)."""
     parallel: bool = False
-    """Run the cells at the same time: the scenario is bound by waiting (stalls, holds, incidents),
-    so CPU contention between cells barely moves its numbers; the rest run one cell at a time."""
+    """Bound by waiting (stalls, holds, timed incidents) and light on CPU: its cells may run side
+    by side without contention moving its numbers much; the rest run one cell at a time."""
 
     @property
     def primary(self) -> str:
@@ -265,6 +265,7 @@ def scenarios(quick: bool = False) -> list[Scenario]:
             _primary_incident(rl_down, Fault.rate_limit(retry_after=2)),
             load=Load(rate=5.0, duration=rl_down + rl_after),
             recovers_after=rl_down,
+            parallel=True,
         ),
         Scenario(
             "flap-short",

@@ -72,7 +72,8 @@ class Outcome:
 
 @dataclass(frozen=True)
 class Cell:
-    """One (scenario, system, caller) run; its simulator deployments carry its own prefix."""
+    """One (scenario, system, caller) run; its simulator deployments carry its own prefix, so
+    cells never share one (they may run at the same time)."""
 
     scenario: Scenario
     system: str
@@ -80,7 +81,7 @@ class Cell:
 
     def dep(self, name: str) -> str:
         """The simulator deployment standing for the scenario's ``name`` in this cell."""
-        return f"{self.system}-{self.consumer}-{name}"
+        return f"{self.scenario.name}-{self.system}-{self.consumer}-{name}"
 
     def judge(self, text: Any, finish: Any) -> Outcome:
         """Complete (one deployment's exact answer, finish ``stop``) or not."""

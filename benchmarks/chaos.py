@@ -6,8 +6,9 @@ streaming chat model). Scenarios: benchmarks/_chaos_scenarios.py.
 
 Each cell (scenario x caller x system) has its own simulator deployments, served by a simulator in
 a child process (benchmarks/_chaos_sim.py). Cells run one at a time, except in the scenarios bound
-by waiting (stalls, holds, incidents), which run theirs side by side (``--quick``: every scenario
-does, for speed, at the price of CPU contention in its latencies; ``--serial``: none does). A cell
+by waiting (stalls, holds, timed incidents), which run theirs side by side; ``--quick`` (a smoke
+run) runs every waiting-bound scenario at once, after the others; ``--serial`` runs every cell
+alone. A cell
 first sends healthy calls (not measured: a router in production has seen healthy traffic before an
 incident): ``--warmup`` for the plugin, which learns its stream timeouts from them, two for the
 others, which learn nothing from healthy calls. Then the fault is injected and the measured calls
@@ -18,8 +19,9 @@ Metrics per cell: success (complete answers only: one deployment's full text, fi
 counted as failed at CALL_CAP), upstream requests per call, share of calls answered by the
 primary group, time back on primary (seconds from the moment the primary is healthy again to
 the first request it answers; flapping and Retry-After), requests that met a fault, billed
-requests (2xx, cut streams included) and, for the plugin, requests sent to a deployment while
-its breaker was open. Prints a Markdown table and writes JSON (benchmarks/results/).
+requests (2xx, cut streams included) and, for the plugin, requests that reached a deployment
+while its breaker was open (more than OPEN_GRACE after it opened). Prints a Markdown table and
+writes JSON (benchmarks/results/).
 
     python benchmarks/chaos.py [--quick] [--calls 30] [--concurrency 20] [--only storm,stall]
 """
@@ -49,6 +51,7 @@ except ImportError:  # pragma: no cover
 CALL_CAP = 120.0  # seconds; twice the plugin's deadline: only systems without one come near it
 WARMUP_CONCURRENCY = 12
 LEAN_WARMUP = 2
+OPEN_GRACE = 0.1  # seconds
 
 
 async def _timed(system: System) -> tuple[Outcome, float]:
@@ -83,17 +86,19 @@ async def _paced(system: System, calls: int, rate: float) -> list[tuple[Outcome,
     return list(await asyncio.gather(*tasks))
 
 
-def sent_while_open(requests: list[Request], opened: list[tuple[str, float, str]]) -> int:
+def sent_while_open(requests: list[Request], opened: list[tuple[str, float, str]]) -> list[float]:
     """Requests that reached a deployment while the plugin held its breaker open (probes, sent
-    half-open, excluded)."""
-    count = 0
+    half-open, excluded), as seconds after it opened. One that arrives within OPEN_GRACE of the
+    opening was most likely on its way already (admitted before it), and is not counted."""
+    late = []
     for r in requests:
-        state = "closed"
+        state, since = "closed", 0.0
         for dep, t, new in opened:
             if dep == r.deployment and t <= r.started_at:
-                state = new
-        count += state == "open"
-    return count
+                state, since = new, t
+        if state == "open" and r.started_at - since > OPEN_GRACE:
+            late.append(r.started_at - since)
+    return late
 
 
 def _metrics(
@@ -116,6 +121,7 @@ def _metrics(
         after = [t for t in served if t >= healthy_at]
         back = min(after) - healthy_at if after else None
     errors = Counter(o.error for o, _ in results if not o.ok)
+    leaks = sent_while_open(reqs, system.opened)
     return {
         "calls": calls,
         "success_rate": len(ok) / calls,
@@ -127,7 +133,8 @@ def _metrics(
         "observed_after_recovery_s": None if healthy_at is None else end - healthy_at,
         "to_failing": sum(1 for r in reqs if r.behavior != "ok"),
         "billed": sum(1 for r in reqs if r.status == 200),
-        "sent_while_open": sent_while_open(reqs, system.opened) if cell.system == "plugin" else None,
+        "sent_while_open": len(leaks) if cell.system == "plugin" else None,
+        "sent_while_open_after_s": [round(t, 3) for t in leaks],
         "breaker_opens": sum(new == "open" for _, _, new in system.opened),
         "errors": dict(errors),
         "wall_s": end - start,
@@ -174,22 +181,33 @@ async def measure(p: Prepared, sim: SimulatorProcess, args: argparse.Namespace) 
     return _metrics(p.cell, results, reqs, system, healthy_at, start, end)
 
 
-async def run_scenario(
-    sc: Scenario, sim: SimulatorProcess, systems: list[str], args: argparse.Namespace
-) -> dict[str, dict[str, dict[str, Any]]]:
-    """Every (caller, system) cell of ``sc``: side by side when the scenario is bound by waiting
-    (warm-ups first, then every measurement at once), else one after another."""
-    sim.reset()
-    cells = [Cell(sc, system, consumer) for consumer in sc.consumers for system in systems]
-    if (sc.parallel or args.quick) and not args.serial:
-        ready = await asyncio.gather(*(prepare(c, sim, args) for c in cells))
-        measured = list(await asyncio.gather(*(measure(p, sim, args) for p in ready)))
-    else:
-        measured = [await measure(await prepare(c, sim, args), sim, args) for c in cells]
-    out: dict[str, dict[str, dict[str, Any]]] = {}
-    for cell, m in zip(cells, measured, strict=True):
-        out.setdefault(cell.consumer, {})[cell.system] = m
-    return out
+async def run_cells(
+    cells: list[Cell], sim: SimulatorProcess, args: argparse.Namespace, side_by_side: bool
+) -> list[dict[str, Any]]:
+    """Measure ``cells``: one after another, or side by side (every warm-up first, then every
+    measurement at once, so no cell is measured while another warms up)."""
+    if not side_by_side:
+        return [await measure(await prepare(c, sim, args), sim, args) for c in cells]
+    ready = await asyncio.gather(*(prepare(c, sim, args) for c in cells))
+    return list(await asyncio.gather(*(measure(p, sim, args) for p in ready)))
+
+
+def batches(
+    chosen: list[Scenario], systems: list[str], args: argparse.Namespace
+) -> list[tuple[list[Cell], bool]]:
+    """The cells to run together, and whether side by side. Default: a scenario at a time, its
+    cells side by side when it is bound by waiting. ``--quick``: the other scenarios likewise,
+    then every waiting-bound scenario at once. ``--serial``: every cell alone."""
+
+    def cells(sc: Scenario) -> list[Cell]:
+        return [Cell(sc, system, consumer) for consumer in sc.consumers for system in systems]
+
+    if args.serial:
+        return [(cells(sc), False) for sc in chosen]
+    if not args.quick:
+        return [(cells(sc), sc.parallel) for sc in chosen]
+    waiting = [c for sc in chosen if sc.parallel for c in cells(sc)]
+    return [(cells(sc), False) for sc in chosen if not sc.parallel] + ([(waiting, True)] if waiting else [])
 
 
 def _num(value: float | None, fmt: str, missing: str = "-") -> str:
@@ -249,15 +267,26 @@ async def main() -> None:
     results: dict[str, Any] = {}
     t0 = time.monotonic()
     with SimulatorProcess() as sim:
-        for sc in chosen:
+        for batch, side_by_side in batches(chosen, systems, args):
             t = time.monotonic()
-            results[sc.name] = await run_scenario(sc, sim, systems, args)
-            print(f"  {sc.name}: {time.monotonic() - t:.0f} s", flush=True)
+            for cell, m in zip(batch, await run_cells(batch, sim, args, side_by_side), strict=True):
+                results.setdefault(cell.scenario.name, {}).setdefault(cell.consumer, {})[cell.system] = m
+            sim.reset()  # a short log for the next batch's look-ups
+            names = ", ".join(dict.fromkeys(c.scenario.name for c in batch))
+            print(f"  {names}: {time.monotonic() - t:.0f} s", flush=True)
+    results = {sc.name: results[sc.name] for sc in chosen}
     total = time.monotonic() - t0
     mode = "quick" if args.quick else "default"
-    print(f"\n{mode} run: {args.calls} calls per cell (paced scenarios: rate x duration), warm-up "
-          f"{args.warmup}, concurrency {args.concurrency}, {'serial' if args.serial else 'parallel'} "
-          f"cells, {total:.0f} s\n")  # fmt: skip
+    layout = (
+        "every cell alone"
+        if args.serial
+        else "waiting-bound scenarios all at once"
+        if args.quick
+        else "waiting-bound scenarios' cells side by side"
+    )
+    print(f"\n{mode} run: {args.calls} calls per cell (paced scenarios: rate x duration), plugin warm-up "
+          f"{args.warmup}, concurrency {args.concurrency}, cells: {layout}, call cap {CALL_CAP:g} s, "
+          f"{total:.0f} s\n")  # fmt: skip
     print_table(results)
     print()
     for sc in chosen:
