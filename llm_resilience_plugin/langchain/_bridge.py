@@ -6,9 +6,12 @@ Custom event names are ``llm_resilience.<kind>`` (``attempt``, ``retry``, ``fall
 
 Delivery:
 
-* sync runs (``invoke``/``stream``): the router runs its attempt loop on a private thread while
-  the caller's thread waits; events and ``on_retry`` are delivered from that thread as they
-  happen (the caller's thread is blocked, so nothing else uses the run manager meanwhile);
+* sync runs (``invoke``/``stream``): the router runs its attempt loop on a private event-loop
+  thread shared by every sync call of the router, so no sync callback may run there (a slow one
+  would hold up every call). Records are queued and delivered on the caller's thread when the
+  call (or a stream's next chunk) returns; before a retry sleep, the queued records and then
+  ``on_retry`` are delivered on a worker thread while the retry waits. Records raised on the
+  caller's own thread (sync runnables) are delivered at once;
 * async runs (``ainvoke``/``astream``/``astream_events``): the router's listener is synchronous,
   so records are queued and delivered, in order, at the next await point: before each retry
   sleep (then ``on_retry``), before the first chunk of a stream, and when the call ends.
@@ -20,9 +23,11 @@ loop both carry into the attempt).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import sys
+import threading
 import weakref
 from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
@@ -118,6 +123,8 @@ class EventSink:
         self.report: CallReport | None = None
         self.events: list[tuple[str, dict[str, Any]]] = []  # every event, in order
         self._pending: list[tuple[str, dict[str, Any]]] = []
+        self._lock = threading.Lock()
+        self._home = threading.get_ident()  # the caller's thread: sync callbacks run there
         self._sync_manager: CallbackManager | None = None
         self._async_manager: AsyncCallbackManager | None = None
 
@@ -131,19 +138,32 @@ class EventSink:
         self.events.append(item)
         if not self.enabled:
             return
-        if self.is_async:
-            self._pending.append(item)
+        if self.is_async or threading.get_ident() != self._home:
+            with self._lock:  # delivered later: aflush (async runs) or flush (sync runs)
+                self._pending.append(item)
         else:
+            self.flush()
             self._dispatch_sync(*item)
 
     def before_retry_sync(self, retry_state: tenacity.RetryCallState) -> None:
+        """Before a retry sleep of a sync run: the queued records, then ``on_retry`` (any thread
+        but the router's loop)."""
         rm = self.run_manager
         if rm is None or self.is_async:
             return
+        self.flush()
         try:
             rm.on_retry(retry_state)  # type: ignore[union-attr]
         except Exception:
             logger.exception("on_retry callback failed")
+
+    async def before_retry_offloop(self, retry_state: tenacity.RetryCallState) -> None:
+        """The router's hook for a sync run: :meth:`before_retry_sync` on a worker thread, so a
+        slow handler holds up this call only, not the loop every sync call of the router shares."""
+        rm = self.run_manager
+        if rm is None or self.is_async or not (rm.handlers or self._pending):
+            return
+        await asyncio.to_thread(self.before_retry_sync, retry_state)
 
     async def before_retry_async(self, retry_state: tenacity.RetryCallState) -> None:
         await self.aflush()
@@ -178,12 +198,22 @@ class EventSink:
         except Exception:
             logger.exception("custom event %s failed", name)
 
+    def flush(self) -> None:
+        """Deliver the queued records of a sync run, in order, on the calling thread."""
+        if not self._pending or self.is_async:
+            return
+        with self._lock:
+            items, self._pending = self._pending, []
+        for name, data in items:
+            self._dispatch_sync(name, data)
+
     async def aflush(self) -> None:
-        if not self._pending:
+        if not self._pending or not self.is_async:
             return
         rm = self.run_manager
         assert rm is not None
-        items, self._pending = self._pending, []
+        with self._lock:
+            items, self._pending = self._pending, []
         if self._async_manager is None:
             self._async_manager = AsyncCallbackManager(
                 handlers=rm.handlers,

@@ -5,6 +5,7 @@ and the LangChain result or stream chunks with their response metadata."""
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import AsyncGenerator, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -132,13 +133,17 @@ class ChatRequest:
 
     def send(self, *, stream: bool) -> Any:
         """Call the router from a sync run: a response, or a :class:`SyncResilientStream`."""
-        # The router runs its async attempt loop on a private thread; before_retry and the
-        # listener are called there while this thread waits (see _bridge).
-        with self.sink.scope():
-            return self.router.completion(
-                self.group, self.messages, stream=stream, deadline=self.deadline,
-                listener=self.sink.on_event, before_retry=self.sink.before_retry_sync, **self.params,
-            )  # fmt: skip
+        # The router runs its async attempt loop on a private thread shared by every sync call:
+        # no sync callback runs there. Events are buffered and delivered on this thread (or, with
+        # on_retry, on a worker thread while the retry waits; see _bridge).
+        try:
+            with self.sink.scope():
+                return self.router.completion(
+                    self.group, self.messages, stream=stream, deadline=self.deadline,
+                    listener=self.sink.on_event, before_retry=self.sink.before_retry_offloop, **self.params,
+                )  # fmt: skip
+        finally:
+            self.sink.flush()
 
     async def asend(self, *, stream: bool) -> Any:
         """Call the router from an async run: a response, or a :class:`ResilientStream`."""
@@ -185,12 +190,15 @@ class ChatRequest:
                         chunk = next(it)
                     except StopIteration:
                         break
+                    finally:
+                        self.sink.flush()
                 gen = asm.feed(chunk)
                 if gen is not None:
                     yield gen
             finished = True
         finally:
-            if not finished:
+            # At interpreter exit the router's loop is gone: closing would restart it (and hang).
+            if not finished and not sys.is_finalizing():
                 with contextlib.suppress(Exception):  # the stream already failed; keep the original error
                     stream.close()
         yield self.final_chunk(asm, stream.report)

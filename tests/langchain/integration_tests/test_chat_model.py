@@ -337,8 +337,9 @@ def test_sync_invoke_fires_on_retry_and_custom_events_on_the_llm_run(
     (run_id,) = rec.llm_runs
     assert [n for n, _, _ in rec.retries] == [1, 2]
     assert all(r == run_id for _, r, _ in rec.retries)
-    # documented: sync calls deliver on_retry from the router's private loop thread
-    assert all(t == "llm-resilience-sync" for _, _, t in rec.retries)
+    # documented: sync callbacks never run on the router's private loop thread (shared by all
+    # sync calls); on_retry runs on a worker thread while the retry waits
+    assert all(t != "llm-resilience-sync" for _, _, t in rec.retries)
     assert rec.names() == [
         "llm_resilience.attempt", "llm_resilience.retry", "llm_resilience.attempt",
         "llm_resilience.retry", "llm_resilience.attempt",
