@@ -1,5 +1,7 @@
-"""Structured JSON logs and in-process metrics of calls, attempts and breakers."""
+"""Structured JSON logs, in-process metrics, and OpenTelemetry / Prometheus instrumentation
+(:func:`instrument`) of calls, attempts and breakers."""
 
+from llm_resilience_plugin.observability._instrumentation import instrument
 from llm_resilience_plugin.observability._logs import (
     JsonFormatter,
     RouterEventLogger,
@@ -27,6 +29,7 @@ __all__ = [
     "RouterObserver",
     "attach_router_logging",
     "configure_json_logging",
+    "instrument",
     "iso_ts",
     "percentile",
     "provider_of",

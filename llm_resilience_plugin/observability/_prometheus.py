@@ -1,0 +1,152 @@
+"""Prometheus metrics of router events through ``prometheus-client``.
+
+Calls by outcome and error class, attempts, retries, fallbacks, upstream requests per call,
+call duration, time to first token, tokens, breaker state per deployment (0 closed, 1 half-open,
+2 open) and breaker transitions. Labels stay low-cardinality: group, deployment, outcome,
+error class (never a call id). The metrics are registered once per ``CollectorRegistry`` and
+shared by every router instrumented into it.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+
+from llm_resilience_plugin.events import (
+    AttemptRecord,
+    BreakerTransition,
+    CallReport,
+    Event,
+    FallbackTaken,
+    RetryScheduled,
+)
+from llm_resilience_plugin.observability import _semconv as sc
+
+if TYPE_CHECKING:
+    from llm_resilience_plugin.routing._router import ResilientRouter
+
+PREFIX = "llm_resilience"
+DURATION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
+UPSTREAM_BUCKETS = (1, 2, 3, 4, 6, 8, 12)
+
+
+@dataclass(frozen=True, slots=True)
+class PrometheusMetrics:
+    """The metric families, registered in one registry."""
+
+    calls: Counter
+    attempts: Counter
+    retries: Counter
+    fallbacks: Counter
+    upstream: Histogram
+    duration: Histogram
+    ttft: Histogram
+    tokens: Counter
+    breaker_state: Gauge
+    breaker_transitions: Counter
+
+    @classmethod
+    def create(cls, registry: CollectorRegistry) -> PrometheusMetrics:
+        def counter(name: str, doc: str, labels: tuple[str, ...]) -> Counter:
+            return Counter(f"{PREFIX}_{name}", doc, labels, registry=registry)
+
+        def histogram(name: str, doc: str, labels: tuple[str, ...], buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(f"{PREFIX}_{name}", doc, labels, registry=registry, buckets=buckets)
+
+        return cls(
+            calls=counter(
+                "calls", "Logical calls by outcome and error class", ("group", "outcome", "error_class")
+            ),
+            attempts=counter(
+                "attempts",
+                "Attempts by deployment and outcome",
+                ("group", "deployment", "outcome", "error_class"),
+            ),
+            retries=counter("retries", "Retries scheduled in the same group", ("group", "error_class")),
+            fallbacks=counter("fallbacks", "Moves to a fallback group", ("group", "to_group", "error_class")),
+            upstream=histogram(
+                "upstream_requests_per_call",
+                "Requests sent upstream per logical call",
+                ("group",),
+                UPSTREAM_BUCKETS,
+            ),
+            duration=histogram(
+                "call_duration_seconds", "Duration of logical calls", ("group", "outcome"), DURATION_BUCKETS
+            ),
+            ttft=histogram(
+                "time_to_first_token_seconds",
+                "Time to the first chunk of streams",
+                ("group",),
+                DURATION_BUCKETS,
+            ),
+            tokens=counter("tokens", "Tokens used by calls", ("group", "type")),
+            breaker_state=Gauge(
+                f"{PREFIX}_breaker_state",
+                "Breaker state per deployment: 0 closed, 1 half-open, 2 open",
+                ("group", "deployment"),
+                registry=registry,
+            ),
+            breaker_transitions=counter(
+                "breaker_transitions",
+                "Breaker transitions per deployment",
+                ("group", "deployment", "new_state"),
+            ),
+        )
+
+
+_BY_REGISTRY: weakref.WeakKeyDictionary[CollectorRegistry, PrometheusMetrics] = weakref.WeakKeyDictionary()
+_BY_REGISTRY_LOCK = threading.Lock()
+
+
+def metrics_for(registry: CollectorRegistry | None) -> PrometheusMetrics:
+    """The metric families of ``registry`` (default: prometheus-client's global one), made once."""
+    reg = registry if registry is not None else REGISTRY
+    with _BY_REGISTRY_LOCK:
+        found = _BY_REGISTRY.get(reg)
+        if found is None:
+            found = _BY_REGISTRY[reg] = PrometheusMetrics.create(reg)
+        return found
+
+
+class PrometheusRecorder:
+    """Router-event subscriber that updates :class:`PrometheusMetrics`."""
+
+    def __init__(self, router: ResilientRouter, registry: CollectorRegistry | None = None) -> None:
+        self.m = metrics_for(registry)
+        for dep_id, snap in router.breakers().items():
+            self.m.breaker_state.labels(snap.get("model_group", ""), dep_id).set(
+                sc.breaker_value(snap.get("state"))
+            )
+
+    def __call__(self, event: Event) -> None:
+        m = self.m
+        if isinstance(event, AttemptRecord):
+            m.attempts.labels(
+                event.model_group,
+                event.deployment_id or "",
+                event.outcome,
+                str(event.error_class) if event.error_class else "",
+            ).inc()
+        elif isinstance(event, CallReport):
+            group, outcome = event.requested_group, event.outcome or "unknown"
+            m.calls.labels(group, outcome, str(event.error_class) if event.error_class else "").inc()
+            m.upstream.labels(group).observe(event.upstream_requests)
+            m.duration.labels(group, outcome).observe(event.total_latency_s)
+            if event.ttft_s is not None:
+                m.ttft.labels(group).observe(event.ttft_s)
+            if event.usage:
+                m.tokens.labels(group, "input").inc(int(event.usage.get("prompt_tokens") or 0))
+                m.tokens.labels(group, "output").inc(int(event.usage.get("completion_tokens") or 0))
+        elif isinstance(event, RetryScheduled):
+            m.retries.labels(event.model_group, str(event.error_class)).inc()
+        elif isinstance(event, FallbackTaken):
+            m.fallbacks.labels(event.from_group, event.to_group, str(event.reason)).inc()
+        elif isinstance(event, BreakerTransition):
+            m.breaker_state.labels(event.model_group, event.deployment_id).set(
+                sc.breaker_value(event.new_state)
+            )
+            m.breaker_transitions.labels(event.model_group, event.deployment_id, event.new_state).inc()
