@@ -33,6 +33,7 @@ import asyncio
 import time
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import llm_resilience_plugin  # noqa: F401  (offline LiteLLM settings first)
@@ -40,18 +41,19 @@ import llm_resilience_plugin  # noqa: F401  (offline LiteLLM settings first)
 try:  # run as a script (python benchmarks/x.py) or imported as benchmarks.x
     from _chaos_scenarios import Scenario, healthy, scenarios
     from _chaos_sim import Request, SimulatorProcess
-    from _chaos_systems import SYSTEMS, Cell, Outcome, System, build
+    from _chaos_systems import PLUGIN_STREAM_POLICY, SYSTEMS, Cell, Outcome, System, build
     from _common import pct, write_json
 except ImportError:  # pragma: no cover
     from benchmarks._chaos_scenarios import Scenario, healthy, scenarios
     from benchmarks._chaos_sim import Request, SimulatorProcess
-    from benchmarks._chaos_systems import SYSTEMS, Cell, Outcome, System, build
+    from benchmarks._chaos_systems import PLUGIN_STREAM_POLICY, SYSTEMS, Cell, Outcome, System, build
     from benchmarks._common import pct, write_json
 
 CALL_CAP = 120.0  # seconds; twice the plugin's deadline: only systems without one come near it
 WARMUP_CONCURRENCY = 12
 LEAN_WARMUP = 2
 OPEN_GRACE = 0.1  # seconds
+RESULTS = Path(__file__).resolve().parent / "results"  # git-ignored
 
 
 async def _timed(system: System) -> tuple[Outcome, float]:
@@ -196,8 +198,8 @@ def batches(
     chosen: list[Scenario], systems: list[str], args: argparse.Namespace
 ) -> list[tuple[list[Cell], bool]]:
     """The cells to run together, and whether side by side. Default: a scenario at a time, its
-    cells side by side when it is bound by waiting. ``--quick``: the other scenarios likewise,
-    then every waiting-bound scenario at once. ``--serial``: every cell alone."""
+    cells side by side when it is bound by waiting, else one by one. ``--quick``: the others the
+    same way, then every waiting-bound scenario at once. ``--serial``: every cell alone."""
 
     def cells(sc: Scenario) -> list[Cell]:
         return [Cell(sc, system, consumer) for consumer in sc.consumers for system in systems]
@@ -217,7 +219,7 @@ def _num(value: float | None, fmt: str, missing: str = "-") -> str:
 def print_table(results: dict[str, Any]) -> None:
     """The Markdown table: one row per scenario, caller and system."""
     columns = [
-        "scenario", "caller", "system", "success", "p50 s", "p99 s", "upstream/call",
+        "scenario", "caller", "system", "calls", "success", "p50 s", "p99 s", "upstream/call",
         "on primary", "back on primary s", "to failing", "billed", "sent while open",
     ]  # fmt: skip
     print("| " + " | ".join(columns) + " |")
@@ -233,7 +235,7 @@ def print_table(results: dict[str, Any]) -> None:
                 else:
                     back_s = f"{back:.1f}"
                 cells = [
-                    name, consumer, system, f"{m['success_rate']:.0%}", f"{m['p50_s']:.2f}",
+                    name, consumer, system, str(m["calls"]), f"{m['success_rate']:.0%}", f"{m['p50_s']:.2f}",
                     f"{m['p99_s']:.2f}", f"{m['upstream_per_call']:.2f}", f"{m['on_primary']:.0%}",
                     back_s, str(m["to_failing"]), str(m["billed"]), _num(m["sent_while_open"], "d"),
                 ]  # fmt: skip
@@ -254,6 +256,8 @@ async def main() -> None:
     args = ap.parse_args()
     if args.calls is None:
         args.calls = 6 if args.quick else 30
+    if args.calls < 1 or args.concurrency < 1 or args.warmup < 0:
+        ap.error("--calls and --concurrency must be at least 1, --warmup at least 0")
     catalogue = scenarios(quick=args.quick)
     wanted = [s for s in args.only.split(",") if s]
     unknown = set(wanted) - {s.name for s in catalogue}
@@ -284,14 +288,15 @@ async def main() -> None:
         if args.quick
         else "waiting-bound scenarios' cells side by side"
     )
-    print(f"\n{mode} run: {args.calls} calls per cell (paced scenarios: rate x duration), plugin warm-up "
+    print(f"\n{mode} run: --calls {args.calls} (paced scenarios: rate x duration), plugin warm-up "
           f"{args.warmup}, concurrency {args.concurrency}, cells: {layout}, call cap {CALL_CAP:g} s, "
-          f"{total:.0f} s\n")  # fmt: skip
+          f"{total:.0f} s; plugin chunk consumers with {PLUGIN_STREAM_POLICY}\n")  # fmt: skip
     print_table(results)
     print()
     for sc in chosen:
-        print(f"- {sc.name}: {sc.description}")
-    out_path = args.out or f"benchmarks/results/chaos{'-quick' if args.quick else ''}.json"
+        pinned = ", ".join(f"{k}={v:g}" for k, v in sc.plugin_policy.items())
+        print(f"- {sc.name}: {sc.description}" + (f" (plugin: defaults + {pinned})" if pinned else ""))
+    out_path = args.out or str(RESULTS / f"chaos{'-quick' if args.quick else ''}.json")
     data = {
         "mode": mode,
         "calls": args.calls,
@@ -300,7 +305,10 @@ async def main() -> None:
         "serial": args.serial,
         "call_cap_s": CALL_CAP,
         "total_s": total,
-        "scenarios": {sc.name: sc.description for sc in chosen},
+        "plugin_stream_policy": PLUGIN_STREAM_POLICY,
+        "scenarios": {
+            sc.name: {"description": sc.description, "plugin_policy": sc.plugin_policy} for sc in chosen
+        },
         "results": results,
     }
     print(f"\nJSON: {write_json(out_path, data)}")
