@@ -4,6 +4,8 @@ and transitions, time to first token - with low-cardinality labels only."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
@@ -104,3 +106,18 @@ def test_two_routers_share_one_registry(make_router: RouterFactory):
     instrument(first, otel="off", registry=registry)
     instrument(second, otel="off", registry=registry)  # registered once, no duplicate error
     assert value(registry, "llm_resilience_breaker_state", group="other", deployment="b") == 0
+
+
+def test_auto_is_off_when_the_package_does_not_import(
+    make_router: RouterFactory, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)  # import raises ImportError
+    monkeypatch.setitem(sys.modules, "opentelemetry.trace", None)
+    router = make_router({"primary": ["a"]})
+    instrument(router)  # both "auto": nothing imports, nothing subscribes
+    assert not router.events.active
+    with pytest.raises(ImportError, match="prometheus-client"):
+        instrument(router, otel="off", prometheus="on")
+    with pytest.raises(ImportError, match="opentelemetry-api"):
+        instrument(router, otel="on", prometheus="off")
+    assert not router.events.active
