@@ -1,6 +1,8 @@
 """The chaos benchmark's scenarios: the deployments of a call, what the simulator does to them, and
-how calls arrive. Every deployment answers a known 60-word text, so a truncated or spliced answer
-is told from a complete one by its text, and the deployment that answered by its first word."""
+how calls arrive. Every deployment answers a known 60-word text naming it, so a truncated or
+spliced answer is told from a complete one by its text, and the deployment that answered by its
+name (the first word; the last one where the deployments serve the same model and repeat each
+other word for word up to it)."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ __all__ = [
     "Load",
     "Scenario",
     "Scriptable",
+    "Target",
     "answer_text",
     "healthy",
     "scenarios",
@@ -53,27 +56,32 @@ class Scriptable(Protocol):
     ) -> None: ...
 
 
-Deps = Callable[[str], str]
-"""Maps a scenario's deployment name (``p-a``) to the simulator deployment of one cell."""
+class Target(Protocol):
+    """One cell as a scenario sees it: the simulator deployment standing for a scenario's
+    deployment name (``p-a``), and the full answer it gives."""
+
+    def dep(self, name: str) -> str: ...
+    def answer(self, name: str) -> str: ...
 
 
-def answer_text(deployment: str) -> str:
-    """The 60 words ``deployment`` answers: its name first, then filler (one word per chunk)."""
-    words = [f"[{deployment}]"] + [_FILLER[i % len(_FILLER)] for i in range(ANSWER_WORDS - 1)]
-    return " ".join(words) + "."
+def answer_text(deployment: str, same_model: bool = False) -> str:
+    """The 60 words ``deployment`` answers, one word per chunk: its name, then filler; with
+    ``same_model`` the filler first and its name last, so deployments of one model say the same
+    thing word for word until the last word."""
+    filler = [_FILLER[i % len(_FILLER)] for i in range(ANSWER_WORDS - 1)]
+    tag = f"[{deployment}]"
+    return " ".join([*filler, tag] if same_model else [tag, *filler]) + "."
 
 
-def healthy(deployment: str) -> Behavior:
-    """A healthy reply from ``deployment``: its full answer at the healthy pace."""
-    return Fault.ok(text=answer_text(deployment), ttft=HEALTHY_TTFT, chunk_delay=HEALTHY_CHUNK_DELAY)
+def healthy(text: str) -> Behavior:
+    """A healthy reply: ``text`` at the healthy pace."""
+    return Fault.ok(text=text, ttft=HEALTHY_TTFT, chunk_delay=HEALTHY_CHUNK_DELAY)
 
 
-def _answering(fault: Behavior, deployment: str, ttft: float = HEALTHY_TTFT) -> Behavior:
-    """``fault`` applied to the deployment's own 60-word answer at the healthy pace (the Fault
-    constructors leave the text to the simulator's short default reply)."""
-    return dataclasses.replace(
-        fault, text=answer_text(deployment), ttft=ttft, chunk_delay=HEALTHY_CHUNK_DELAY
-    )
+def _answering(fault: Behavior, text: str, ttft: float = HEALTHY_TTFT) -> Behavior:
+    """``fault`` applied to the 60-word answer ``text`` at the healthy pace (the Fault constructors
+    leave the text to the simulator's short default reply)."""
+    return dataclasses.replace(fault, text=text, ttft=ttft, chunk_delay=HEALTHY_CHUNK_DELAY)
 
 
 @dataclass(frozen=True)
@@ -104,13 +112,15 @@ class Scenario:
     description: str
     groups: dict[str, list[str]]
     fallbacks: list[dict[str, list[str]]]
-    inject: Callable[[Scriptable, Deps], None]
+    inject: Callable[[Scriptable, Target], None]
     consumers: tuple[str, ...] = ("completion",)
     load: Load = field(default_factory=Load)
     recovers_after: float | None = None
     """Seconds after the start when the primary is healthy again ("time back on primary")."""
     plugin_policy: dict[str, float] = field(default_factory=dict)
     """The plugin's policy here: its defaults, plus what the scenario pins (see ``scenarios``)."""
+    same_model: bool = False
+    """The deployments serve one model: their answers agree word for word but for the last."""
     parallel: bool = False
     """Bound by waiting (stalls, holds, timed incidents) and light on CPU: its cells may run side
     by side without contention moving its numbers much; the rest run one cell at a time."""
@@ -135,38 +145,38 @@ TWO_FALLBACK = [{"primary": ["backup"]}]
 REALISTIC = {"attempt_timeout": 30.0}
 
 
-def _storm(sim: Scriptable, dep: Deps) -> None:
-    sim.token_bucket(dep("p-a"), rate=15, burst=5, retry_after=1)
-    sim.token_bucket(dep("p-b"), rate=15, burst=5, retry_after=1)
+def _storm(sim: Scriptable, t: Target) -> None:
+    sim.token_bucket(t.dep("p-a"), rate=15, burst=5, retry_after=1)
+    sim.token_bucket(t.dep("p-b"), rate=15, burst=5, retry_after=1)
 
 
-def _outage(sim: Scriptable, dep: Deps) -> None:
-    sim.set_default(dep("p-a"), Fault.server_error(503))
+def _outage(sim: Scriptable, t: Target) -> None:
+    sim.set_default(t.dep("p-a"), Fault.server_error(503))
 
 
-def _three(sim: Scriptable, dep: Deps) -> None:
+def _three(sim: Scriptable, t: Target) -> None:
     # Each provider fails 5% of its requests (seeded, the same draws for every system): a script
     # long enough for any cell, then healthy.
     for i, name in enumerate(("x-a", "y-a", "z-a")):
         rng = random.Random(100 + i)
-        d = dep(name)
-        sim.script(d, *(Fault.server_error(500) if rng.random() < 0.05 else healthy(d) for _ in range(400)))
+        ok = healthy(t.answer(name))
+        sim.script(t.dep(name), *(Fault.server_error(500) if rng.random() < 0.05 else ok for _ in range(400)))
 
 
-def _primary_fault(make: Callable[[str], Behavior]) -> Callable[[Scriptable, Deps], None]:
-    """Inject: the primary ``p-a`` answers ``make(its simulator name)`` from now on."""
+def _primary_fault(make: Callable[[str], Behavior]) -> Callable[[Scriptable, Target], None]:
+    """Inject: the primary ``p-a`` answers ``make(its full answer)`` from now on."""
 
-    def inject(sim: Scriptable, dep: Deps) -> None:
-        sim.set_default(dep("p-a"), make(dep("p-a")))
+    def inject(sim: Scriptable, t: Target) -> None:
+        sim.set_default(t.dep("p-a"), make(t.answer("p-a")))
 
     return inject
 
 
-def _primary_incident(seconds: float, fault: Behavior) -> Callable[[Scriptable, Deps], None]:
+def _primary_incident(seconds: float, fault: Behavior) -> Callable[[Scriptable, Target], None]:
     """Inject: the primary ``p-a`` answers ``fault`` for ``seconds``, then healthy again."""
 
-    def inject(sim: Scriptable, dep: Deps) -> None:
-        sim.outage(dep("p-a"), seconds, fault)
+    def inject(sim: Scriptable, t: Target) -> None:
+        sim.outage(t.dep("p-a"), seconds, fault)
 
     return inject
 
@@ -205,7 +215,7 @@ def scenarios(quick: bool = False) -> list[Scenario]:
             f"silent provider: one of two primary deployments sends nothing (drops after {silent:g} s)",
             TWO_PRIMARIES,
             TWO_FALLBACK,
-            _primary_fault(lambda d: Fault.silence(max_hold=silent)),
+            _primary_fault(lambda _: Fault.silence(max_hold=silent)),
             plugin_policy=REALISTIC,
             parallel=True,
         ),
@@ -222,16 +232,27 @@ def scenarios(quick: bool = False) -> list[Scenario]:
             "the primary's stream is cut (FIN) after 40 of 60 words",
             ONE_PRIMARY,
             ONE_FALLBACK,
-            _primary_fault(lambda d: _answering(Fault.stream_cut(after_chunks=40), d)),
+            _primary_fault(lambda text: _answering(Fault.stream_cut(after_chunks=40), text)),
             consumers=("stream", "lc"),
             load=paced,
+        ),
+        Scenario(
+            "stream-cut-same",
+            "stream-cut, the fallback serving the same model (its answer repeats the primary's word "
+            "for word, up to its name)",
+            ONE_PRIMARY,
+            ONE_FALLBACK,
+            _primary_fault(lambda text: _answering(Fault.stream_cut(after_chunks=40), text)),
+            consumers=("stream", "lc"),
+            load=paced,
+            same_model=True,
         ),
         Scenario(
             "malformed",
             "one invalid-JSON SSE event after 30 of the primary's 60 words",
             ONE_PRIMARY,
             ONE_FALLBACK,
-            _primary_fault(lambda d: _answering(Fault.malformed_chunk(after_chunks=30), d)),
+            _primary_fault(lambda text: _answering(Fault.malformed_chunk(after_chunks=30), text)),
             consumers=("stream", "lc"),
             load=paced,
         ),
@@ -240,7 +261,7 @@ def scenarios(quick: bool = False) -> list[Scenario]:
             f"the primary's stream stalls after 30 of 60 words for {stall:g} s (then RST)",
             ONE_PRIMARY,
             ONE_FALLBACK,
-            _primary_fault(lambda d: _answering(Fault.stream_stall(after_chunks=30, seconds=stall), d)),
+            _primary_fault(lambda text: _answering(Fault.stream_stall(after_chunks=30, seconds=stall), text)),
             consumers=("stream", "lc"),
             load=slow,
             plugin_policy=REALISTIC,
@@ -251,7 +272,7 @@ def scenarios(quick: bool = False) -> list[Scenario]:
             f"the primary's first token (whole answer, non-stream) comes after {ttft:g} s",
             ONE_PRIMARY,
             ONE_FALLBACK,
-            _primary_fault(lambda d: _answering(Fault.slow_first_token(ttft), d, ttft=ttft)),
+            _primary_fault(lambda text: _answering(Fault.slow_first_token(ttft), text, ttft=ttft)),
             consumers=("completion", "stream", "lc"),
             load=slow,
             plugin_policy=REALISTIC,
@@ -292,7 +313,7 @@ def scenarios(quick: bool = False) -> list[Scenario]:
             f"the primary holds the connection {hold:g} s without a byte, then drops it (RST)",
             ONE_PRIMARY,
             ONE_FALLBACK,
-            _primary_fault(lambda d: Fault.silence(max_hold=hold)),
+            _primary_fault(lambda _: Fault.silence(max_hold=hold)),
             consumers=("completion", "stream"),
             load=slow,
             plugin_policy=REALISTIC,

@@ -18,6 +18,7 @@ An answer counts only when complete: exactly one deployment's full text, finish 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -68,6 +69,8 @@ class Outcome:
     ok: bool
     deployment: str | None = None
     error: str | None = None
+    markers: tuple[str, ...] = ()
+    """Chunk consumers on the plugin: the modes of the restart markers the stream yielded."""
 
 
 @dataclass(frozen=True)
@@ -83,10 +86,14 @@ class Cell:
         """The simulator deployment standing for the scenario's ``name`` in this cell."""
         return f"{self.scenario.name}-{self.system}-{self.consumer}-{name}"
 
+    def answer(self, name: str) -> str:
+        """The full answer of the scenario's deployment ``name`` in this cell."""
+        return answer_text(self.dep(name), self.scenario.same_model)
+
     def judge(self, text: Any, finish: Any) -> Outcome:
         """Complete (one deployment's exact answer, finish ``stop``) or not."""
         for name in self.scenario.deployments:
-            if text == answer_text(self.dep(name)):
+            if text == self.answer(name):
                 if finish == "stop":
                     return Outcome(True, name)
                 return Outcome(False, name, f"finish_reason={finish}")
@@ -132,8 +139,10 @@ async def _read_stream(cell: Cell, stream: Any) -> Outcome:
     (``restart``) or keeps it (``continue``)."""
     parts: list[str] = []
     finish = None
+    markers: list[str] = []
     async for chunk in stream:
         if isinstance(chunk, StreamRestart):
+            markers.append(chunk.mode)
             if chunk.mode == "restart":
                 parts, finish = [], None
             continue
@@ -145,7 +154,7 @@ async def _read_stream(cell: Cell, stream: Any) -> Outcome:
             parts.append(text)
         if getattr(choice, "finish_reason", None):
             finish = choice.finish_reason
-    return cell.judge("".join(parts), finish)
+    return dataclasses.replace(cell.judge("".join(parts), finish), markers=tuple(markers))
 
 
 def _judge_message(cell: Cell, message: Any) -> Outcome:

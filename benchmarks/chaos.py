@@ -139,6 +139,7 @@ def _metrics(
         "sent_while_open_after_s": [round(t, 3) for t in leaks],
         "breaker_opens": sum(new == "open" for _, _, new in system.opened),
         "errors": dict(errors),
+        "restart_markers": dict(Counter(m for o, _ in results for m in o.markers)),
         "wall_s": end - start,
     }
 
@@ -156,7 +157,7 @@ async def prepare(cell: Cell, sim: SimulatorProcess, args: argparse.Namespace) -
     with ``--warmup`` calls (it learns from them), the others with LEAN_WARMUP (they learn
     nothing from healthy calls; these open their HTTP clients)."""
     for name in cell.scenario.deployments:
-        sim.set_default(cell.dep(name), healthy(cell.dep(name)))
+        sim.set_default(cell.dep(name), healthy(cell.answer(name)))
     system = build(cell, sim)
     warmup = args.warmup if cell.system == "plugin" else min(args.warmup, LEAN_WARMUP)
     if warmup:
@@ -170,7 +171,7 @@ async def measure(p: Prepared, sim: SimulatorProcess, args: argparse.Namespace) 
     try:
         calls = sc.load.count(args.calls)
         start = time.monotonic()
-        sc.inject(sim, p.cell.dep)
+        sc.inject(sim, p.cell)
         healthy_at = None if sc.recovers_after is None else start + sc.recovers_after
         if sc.load.rate is None:
             results = await _closed_loop(system, calls, args.concurrency)
