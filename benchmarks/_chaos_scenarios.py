@@ -16,7 +16,6 @@ import llm_resilience_plugin  # noqa: F401  (offline LiteLLM settings first)
 from llm_resilience_plugin.testing import Behavior, Fault
 
 __all__ = [
-    "CONSUMERS",
     "HEALTHY_CHUNK_DELAY",
     "HEALTHY_TTFT",
     "Load",
@@ -32,10 +31,6 @@ __all__ = [
 HEALTHY_TTFT = 0.2
 HEALTHY_CHUNK_DELAY = 0.01
 ANSWER_WORDS = 60
-
-# How a caller reads the answer: a plain completion, a chunk consumer on the router's stream, or
-# LangChain's ainvoke over a streaming chat model (the answer aggregated from the chunks).
-CONSUMERS = ("completion", "stream", "lc")
 
 _FILLER = (
     "resilience means the answer arrives whole even when a provider stumbles midway so the caller "
@@ -114,6 +109,7 @@ class Scenario:
     fallbacks: list[dict[str, list[str]]]
     inject: Callable[[Scriptable, Target], None]
     consumers: tuple[str, ...] = ("completion",)
+    """How callers read the answer: ``completion``, ``stream``, ``lc`` (see _chaos_systems)."""
     load: Load = field(default_factory=Load)
     recovers_after: float | None = None
     """Seconds after the start when the primary is healthy again ("time back on primary")."""
@@ -137,9 +133,9 @@ class Scenario:
 
 
 ONE_PRIMARY = {"primary": ["p-a"], "fallback": ["f-a"]}
-ONE_FALLBACK = [{"primary": ["fallback"]}]
+TO_FALLBACK = [{"primary": ["fallback"]}]
 TWO_PRIMARIES = {"primary": ["p-a", "p-b"], "backup": ["b-a"]}
-TWO_FALLBACK = [{"primary": ["backup"]}]
+TO_BACKUP = [{"primary": ["backup"]}]
 # Long waits (stalls, slow first tokens, held connections) are judged against a realistic 30 s
 # attempt timeout, pinned so a change of the plugin's defaults does not change the question.
 REALISTIC = {"attempt_timeout": 30.0}
@@ -199,7 +195,7 @@ def scenarios(quick: bool = False) -> list[Scenario]:
             "storm",
             "429 storm: both primary deployments behind a 15 req/s token bucket (Retry-After: 1)",
             TWO_PRIMARIES,
-            TWO_FALLBACK,
+            TO_BACKUP,
             _storm,
             load=storm,
         ),
@@ -207,14 +203,14 @@ def scenarios(quick: bool = False) -> list[Scenario]:
             "outage",
             "hard outage: one of two primary deployments answers 503 throughout",
             TWO_PRIMARIES,
-            TWO_FALLBACK,
+            TO_BACKUP,
             _outage,
         ),
         Scenario(
             "silent",
             f"silent provider: one of two primary deployments sends nothing (drops after {silent:g} s)",
             TWO_PRIMARIES,
-            TWO_FALLBACK,
+            TO_BACKUP,
             _primary_fault(lambda _: Fault.silence(max_hold=silent)),
             plugin_policy=REALISTIC,
             parallel=True,
@@ -231,7 +227,7 @@ def scenarios(quick: bool = False) -> list[Scenario]:
             "stream-cut",
             "the primary's stream is cut (FIN) after 40 of 60 words",
             ONE_PRIMARY,
-            ONE_FALLBACK,
+            TO_FALLBACK,
             _primary_fault(lambda text: _answering(Fault.stream_cut(after_chunks=40), text)),
             consumers=("stream", "lc"),
             load=paced,
@@ -241,7 +237,7 @@ def scenarios(quick: bool = False) -> list[Scenario]:
             "stream-cut, the fallback serving the same model (its answer repeats the primary's word "
             "for word, up to its name)",
             ONE_PRIMARY,
-            ONE_FALLBACK,
+            TO_FALLBACK,
             _primary_fault(lambda text: _answering(Fault.stream_cut(after_chunks=40), text)),
             consumers=("stream", "lc"),
             load=paced,
@@ -251,7 +247,7 @@ def scenarios(quick: bool = False) -> list[Scenario]:
             "malformed",
             "one invalid-JSON SSE event after 30 of the primary's 60 words",
             ONE_PRIMARY,
-            ONE_FALLBACK,
+            TO_FALLBACK,
             _primary_fault(lambda text: _answering(Fault.malformed_chunk(after_chunks=30), text)),
             consumers=("stream", "lc"),
             load=paced,
@@ -260,7 +256,7 @@ def scenarios(quick: bool = False) -> list[Scenario]:
             "stall",
             f"the primary's stream stalls after 30 of 60 words for {stall:g} s (then RST)",
             ONE_PRIMARY,
-            ONE_FALLBACK,
+            TO_FALLBACK,
             _primary_fault(lambda text: _answering(Fault.stream_stall(after_chunks=30, seconds=stall), text)),
             consumers=("stream", "lc"),
             load=slow,
@@ -271,7 +267,7 @@ def scenarios(quick: bool = False) -> list[Scenario]:
             "slow-ttft",
             f"the primary's first token (whole answer, non-stream) comes after {ttft:g} s",
             ONE_PRIMARY,
-            ONE_FALLBACK,
+            TO_FALLBACK,
             _primary_fault(lambda text: _answering(Fault.slow_first_token(ttft), text, ttft=ttft)),
             consumers=("completion", "stream", "lc"),
             load=slow,
@@ -282,7 +278,7 @@ def scenarios(quick: bool = False) -> list[Scenario]:
             "retry-after",
             f"the primary answers 429 with Retry-After: 2 for {rl_down:g} s, then healthy",
             ONE_PRIMARY,
-            ONE_FALLBACK,
+            TO_FALLBACK,
             _primary_incident(rl_down, Fault.rate_limit(retry_after=2)),
             load=Load(rate=5.0, duration=rl_down + rl_after),
             recovers_after=rl_down,
@@ -292,7 +288,7 @@ def scenarios(quick: bool = False) -> list[Scenario]:
             "flap-short",
             f"the primary is down (503) for {short_down:g} s, then healthy",
             ONE_PRIMARY,
-            ONE_FALLBACK,
+            TO_FALLBACK,
             _primary_incident(short_down, Fault.server_error(503)),
             load=Load(rate=4.0, duration=short_down + short_after),
             recovers_after=short_down,
@@ -302,7 +298,7 @@ def scenarios(quick: bool = False) -> list[Scenario]:
             "flap-long",
             f"the primary is down (503) for {long_down:g} s, then healthy",
             ONE_PRIMARY,
-            ONE_FALLBACK,
+            TO_FALLBACK,
             _primary_incident(long_down, Fault.server_error(503)),
             load=Load(rate=2.0, duration=long_down + long_after),
             recovers_after=long_down,
@@ -312,7 +308,7 @@ def scenarios(quick: bool = False) -> list[Scenario]:
             "hold-drop",
             f"the primary holds the connection {hold:g} s without a byte, then drops it (RST)",
             ONE_PRIMARY,
-            ONE_FALLBACK,
+            TO_FALLBACK,
             _primary_fault(lambda _: Fault.silence(max_hold=hold)),
             consumers=("completion", "stream"),
             load=slow,

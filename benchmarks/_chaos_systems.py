@@ -46,9 +46,11 @@ __all__ = [
 MSG = [{"role": "user", "content": "Give me one paragraph about resilience."}]
 SYSTEMS = ("bare", "tuned", "langchain", "plugin")
 
-# The plugin's opt-in for chunk consumers: a stream broken after content starts over on another
-# route, announced in-band by a StreamRestart marker (policy.py: restart_broken_streams; the
-# prefill variant, continue_streams_with_prefill, needs a model LiteLLM knows supports it).
+# The plugin's opt-in for chunk consumers (docs/streaming.md, "The switch"): a stream broken after
+# content resumes on another route - seamlessly when the new route repeats the text delivered,
+# else from scratch after an in-band StreamRestart marker. (continue_streams_with_prefill would
+# first try an assistant prefill: no deployment here supports one, and the simulator would answer
+# it with the whole text again. The per-call form is acompletion(..., recover_streams=True).)
 PLUGIN_STREAM_POLICY: dict[str, Any] = {"restart_broken_streams": True}
 
 # The tuned Router's timeouts: the plugin's attempt timeout and its stream timeouts.
@@ -57,7 +59,7 @@ TUNED_STREAM_TIMEOUT = 10.0
 
 
 class Addresses(Protocol):
-    """Where a simulator deployment is served (a Addresses or the benchmark's process)."""
+    """Where a simulator deployment is served (a ProviderSimulator or the benchmark's child process)."""
 
     def api_base(self, deployment: str) -> str: ...
 
