@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
 import warnings
+import weakref
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,11 +24,17 @@ from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable
 from langchain_core.utils.function_calling import convert_to_openai_tool
-from pydantic import AliasChoices, BaseModel, Field, PrivateAttr, SecretStr, field_validator
+from pydantic import AliasChoices, BaseModel, Field, PrivateAttr, SecretStr, field_serializer, field_validator
 
 from llm_resilience_plugin.errors import ConfigError, UnknownModelGroupError
 from llm_resilience_plugin.langchain._bridge import AnyRunManager, EventSink, bridge_router, find_run_manager
-from llm_resilience_plugin.langchain._construction import build_router_spec, has_literal_secret
+from llm_resilience_plugin.langchain._construction import (
+    RouterLease,
+    build_router_spec,
+    has_literal_secret,
+    lease_router,
+    masked,
+)
 from llm_resilience_plugin.langchain._convert import json_safe, to_openai_messages
 from llm_resilience_plugin.langchain._requests import ChatRequest, prepare_request, run_config
 from llm_resilience_plugin.langchain._tools import (
@@ -111,8 +117,7 @@ class ResilientChatModel(BaseChatModel):
     """Dispatch ``llm_resilience.*`` custom events (attempt, retry, fallback, breaker)."""
 
     _spec: RouterSpec | None = PrivateAttr(default=None)
-    _built: ResilientRouter | None = PrivateAttr(default=None)
-    _build_lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+    _lease: RouterLease | None = PrivateAttr(default=None)
 
     # -- construction ----------------------------------------------------------------------------
 
@@ -135,6 +140,15 @@ class ResilientChatModel(BaseChatModel):
     def _stop_list(cls, value: Any) -> Any:
         """A single stop string is a one-item list."""
         return [value] if isinstance(value, str) else value
+
+    @field_serializer("config", "model_list", "policy", "fallbacks", "router_settings", "model_kwargs")
+    def _masked(self, value: Any) -> Any:
+        """Dumps never show a literal credential or URL credentials (they stay usable inside)."""
+        return masked(value)
+
+    def __repr_args__(self) -> Any:
+        """``repr``/``str`` (and LangChain's "not implemented" serialization) with credentials masked."""
+        return [(k, masked(v)) for k, v in super().__repr_args__()]
 
     def __init__(self, **data: Any) -> None:
         """Validate the fields, then check the router source and the model group."""
@@ -173,6 +187,8 @@ class ResilientChatModel(BaseChatModel):
             groups = self._spec.groups
         if self.model not in groups:
             raise UnknownModelGroupError(self.model, groups)
+        if self._spec is not None:  # held from construction: configured copies share the router
+            self._hold_router()
 
     @classmethod
     def from_config(
@@ -187,21 +203,28 @@ class ResilientChatModel(BaseChatModel):
         """A model over ``model`` of an existing router (shared breakers, budgets and events)."""
         return cls(router=router, model=model, **kwargs)
 
+    def _hold_router(self) -> RouterLease:
+        """This model's hold on the router of its configuration, released when it is collected."""
+        assert self._spec is not None
+        lease = self._lease = lease_router(self._spec, self.router_options)
+        weakref.finalize(self, lease.release)
+        return lease
+
     def get_router(self) -> ResilientRouter:
-        """The router this model calls (built on first use when the model owns it)."""
+        """The router this model calls: ``router=``, or the one shared by every model built with
+        the same configuration (built on first use, closed with its last model)."""
         if self.router is not None:
             return self.router
-        if self._built is None:
-            with self._build_lock:
-                if self._built is None:
-                    assert self._spec is not None
-                    self._built = ResilientRouter.from_spec(self._spec, **self.router_options)
-        return self._built
+        lease = self._lease
+        if lease is None or lease.released:
+            lease = self._hold_router()
+        return lease.router()
 
     def close(self) -> None:
-        """Stop the private loop of a router this model built (a shared router is left alone)."""
-        if self._built is not None:
-            self._built.close()
+        """Release the router this model built; it closes when no other model with the same
+        configuration holds it (a ``router=`` router is left alone)."""
+        if self._lease is not None:
+            self._lease.release()
 
     # -- LangChain identity ----------------------------------------------------------------------
 
@@ -249,7 +272,7 @@ class ResilientChatModel(BaseChatModel):
             "top_p": self.top_p,
             "timeout": self.timeout,
             "max_retries": self.max_retries,
-            "model_kwargs": json_safe(self.model_kwargs),
+            "model_kwargs": masked(json_safe(self.model_kwargs)),
         }
 
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
