@@ -36,7 +36,7 @@ from llm_resilience_plugin.langchain._construction import (
     masked,
 )
 from llm_resilience_plugin.langchain._convert import json_safe, to_openai_messages
-from llm_resilience_plugin.langchain._requests import ChatRequest, prepare_request, run_config
+from llm_resilience_plugin.langchain._requests import ChatRequest, cache_key, prepare_request, run_config
 from llm_resilience_plugin.langchain._tools import (
     StructuredOutputMethod,
     ToolLike,
@@ -261,6 +261,11 @@ class ResilientChatModel(BaseChatModel):
         ):
             return self.to_json_not_implemented()
         return super().to_json()
+
+    def _get_llm_string(self, stop: list[str] | None = None, **kwargs: Any) -> str:
+        """The LLM cache key: group, deployments and every request parameter, no secret."""
+        spec = self.router.spec if self.router is not None else self._spec
+        return cache_key(self, spec.model_list if spec else [], stop, kwargs)
 
     @property
     def _identifying_params(self) -> dict[str, Any]:

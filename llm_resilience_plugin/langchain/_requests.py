@@ -5,16 +5,19 @@ and the LangChain result or stream chunks with their response metadata."""
 from __future__ import annotations
 
 import contextlib
+import functools
+import json
 import sys
-from collections.abc import AsyncGenerator, Iterator, Mapping
+from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
 
-from llm_resilience_plugin.events import CallReport, hidden_params_of
+from llm_resilience_plugin.events import CallReport, DeploymentInfo, hidden_params_of
 from llm_resilience_plugin.langchain._bridge import EventSink, config_deadline
+from llm_resilience_plugin.langchain._construction import masked
 from llm_resilience_plugin.langchain._convert import StreamAssembler, generations_from_response, json_safe
 from llm_resilience_plugin.routing import (
     ResilientRouter,
@@ -87,6 +90,42 @@ def prepare_request(
     return group, params, deadline or timeout or config_deadline(cfg) or defaults.timeout
 
 
+def cache_key(
+    defaults: RequestDefaults,
+    model_list: Sequence[Mapping[str, Any]],
+    stop: list[str] | None,
+    kwargs: Mapping[str, Any],
+) -> str:
+    """LangChain's LLM cache key of a call: the model group, what its deployments are (secrets
+    redacted) and every parameter sent (bound tools, response format, ...), not the deadline."""
+    group, params, _ = prepare_request(defaults, stop, kwargs)
+    deployments = [d.get("litellm_params") for d in model_list if d.get("model_name") == group]
+    key = {"type": "llm-resilience-chat", "group": group, "deployments": deployments, "params": params}
+    try:
+        return json.dumps(masked(key), sort_keys=True, default=str)
+    except TypeError:  # keys of mixed types cannot be sorted
+        return json.dumps(masked(key), default=str)
+
+
+@functools.lru_cache(maxsize=256)
+def _provider(model: str, custom_provider: str | None) -> str:
+    """LiteLLM's provider name of a deployment model (``openai`` for ``openai/gpt-4o-mini``)."""
+    import litellm
+
+    try:
+        return str(litellm.get_llm_provider(model=model, custom_llm_provider=custom_provider)[1])
+    except Exception:  # a model LiteLLM cannot place: name the prefix, if any
+        return model.split("/", 1)[0] if "/" in model else "litellm"
+
+
+def provider_of(info: DeploymentInfo | None) -> str:
+    """The provider that served an answer (``litellm`` when no deployment is known)."""
+    if info is None:
+        return "litellm"
+    custom = info.params.get("custom_llm_provider")
+    return _provider(info.model, custom if isinstance(custom, str) else None)
+
+
 def response_metadata(
     router: ResilientRouter,
     model: str,
@@ -98,13 +137,11 @@ def response_metadata(
     resort), its group and deployment id, the cost and the call report."""
     group = report.served_group if report else None
     dep = report.deployment_id if report else None
-    name = served_model
-    if not name and dep is not None:
-        infos = [d for d in router.deployments() if d.id == dep]
-        name = infos[0].model if infos else None
+    info = next((d for d in router.deployments() if d.id == dep), None) if dep is not None else None
+    name = served_model or (info.model if info is not None else None)
     md: dict[str, Any] = {
         "model_name": name or group or model,
-        "model_provider": "litellm",
+        "model_provider": provider_of(info),
         "model_group": group,
         "model_id": dep,
     }

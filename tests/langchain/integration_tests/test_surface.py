@@ -18,12 +18,17 @@ from uuid import UUID
 
 import pytest
 import tenacity
+from langchain_core.caches import InMemoryCache
 from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.globals import set_llm_cache
 from langchain_core.load import dumpd
+from langchain_core.messages import AIMessageChunk
 from langchain_core.runnables import ConfigurableField
 
-from llm_resilience_plugin import ResilientRouter
+from llm_resilience_plugin import AllRoutesFailedError, ResilientRouter
+from llm_resilience_plugin.events import DeploymentInfo
 from llm_resilience_plugin.langchain import ResilientChatModel
+from llm_resilience_plugin.langchain._requests import provider_of
 from llm_resilience_plugin.testing import FakeClock
 from llm_resilience_plugin.testing._simulator import Fault, ProviderSimulator
 from tests.conftest import FAST_POLICY, deployment
@@ -128,6 +133,47 @@ def test_environment_references_still_show_and_serialize() -> None:
     assert dumpd(llm)["kwargs"]["config"] == cfg
     from_list = ResilientChatModel(model_list=cfg["model_list"], model="primary")
     assert from_list.model_dump()["model_list"] == cfg["model_list"]
+
+
+# -- 2. LLM cache keys -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def llm_cache() -> Iterator[InMemoryCache]:
+    cache = InMemoryCache()
+    set_llm_cache(cache)
+    yield cache
+    set_llm_cache(None)
+
+
+def test_cache_keys_tell_groups_and_parameters_apart(
+    sim: ProviderSimulator, router: ResilientRouter, llm_cache: InMemoryCache
+) -> None:
+    primary, backup = own_model(sim), own_model(sim, model="backup")
+    assert dumpd(primary)["type"] == "not_implemented"  # the case where LangChain's key collides
+    assert primary.invoke("hi").content.startswith("Hello from p1")
+    assert backup.invoke("hi").content.startswith("Hello from b1")
+    assert sim.count() == 2
+    assert primary.invoke("hi").content.startswith("Hello from p1")  # the same model: cached
+    assert sim.count() == 2
+    own_model(sim, temperature=0.7).invoke("hi")
+    own_model(sim, max_tokens=7).invoke("hi")
+    primary.bind(top_p=0.5).invoke("hi")
+    primary.invoke("hi", stop=["zz"])
+    assert sim.count() == 6  # every parameter that shapes the answer is in the key
+    assert [r.body.get("temperature") for r in sim.requests()][2] == 0.7
+    # router= models (also "not implemented"): their groups apart too
+    llm_cache.clear()
+    on_router = ResilientChatModel(router=router, model="backup")
+    assert on_router.invoke("hi").content.startswith("Hello from b1")
+    on_primary = ResilientChatModel(router=router, model="primary")
+    assert on_primary.invoke("hi").content.startswith("Hello from p1")
+    on_router.invoke("hi")
+    assert sim.count() == 8
+    key = primary._get_llm_string(stop=None, tools=[{"type": "function", "function": {"name": "f"}}])
+    assert LITERAL_KEY not in key and '"f"' in key and "primary" in key
+    primary.close()
+    backup.close()
 
 
 # -- 3. configured copies share the router's state ---------------------------------------------------
@@ -254,6 +300,30 @@ def test_sync_stream_events_arrive_in_order_on_the_calling_thread(
     assert seen[-1][1] == threading.current_thread().name
 
 
+# -- 5. the provider that answered ---------------------------------------------------------------------
+
+
+def test_model_provider_names_the_provider_that_answered(
+    sim: ProviderSimulator, router: ResilientRouter
+) -> None:
+    llm = ResilientChatModel(router=router, model="primary")
+    assert llm.invoke("hi").response_metadata["model_provider"] == "openai"
+    chunks = list(llm.stream("hi"))
+    full = chunks[0]
+    for c in chunks[1:]:
+        full = full + c
+    assert isinstance(full, AIMessageChunk) and full.response_metadata["model_provider"] == "openai"
+
+    def info(model: str, **params: Any) -> DeploymentInfo:
+        return DeploymentInfo(id="d", model_group="g", model=model, api_base=None, params=params)
+
+    assert provider_of(info("anthropic/claude-3-5-sonnet-20240620")) == "anthropic"
+    assert provider_of(info("azure/my-deployment")) == "azure"
+    assert provider_of(info("gpt-4o-mini")) == "openai"
+    assert provider_of(info("my-model", custom_llm_provider="ollama")) == "ollama"
+    assert provider_of(None) == "litellm"
+
+
 # -- 6. a clean exit ---------------------------------------------------------------------------------
 
 EXIT_SCRIPT = """
@@ -322,3 +392,36 @@ def test_no_pending_task_reported_when_collected_before_close() -> None:
         "gc.collect()\nllm.close()", calls="llm.invoke('hi')\nasyncio.run(llm.ainvoke('hi'))"
     )
     assert "Task was destroyed but it is pending" not in stderr
+
+
+# -- 7. a key the provider echoes reaches no caller ----------------------------------------------------
+
+
+def test_an_echoed_key_is_in_no_metadata_message_chunk_or_error(sim: ProviderSimulator) -> None:
+    router = ResilientRouter(
+        model_list=model_list(sim),
+        policy={**FAST_POLICY, "breaker": {"fail_max": 100}},  # p1 is tried by every call
+        fallbacks=[{"primary": ["backup"]}],
+        clock=FakeClock(),
+    )
+    echo = Fault.http_error(500, message=f"Incorrect API key provided: {LITERAL_KEY}")
+    sim.set_default("p1", echo)
+    llm = ResilientChatModel(router=router, model="primary")
+    msg = llm.invoke("hi")
+    assert msg.response_metadata["model_id"] == "b1"
+    assert msg.response_metadata["resilience"]["attempts"][0]["deployment_id"] == "p1"
+    assert LITERAL_KEY not in json.dumps(msg.model_dump(), default=str)
+    chunks = list(llm.stream("hi"))
+    assert chunks[-1].response_metadata["resilience"]["attempts"][0]["deployment_id"] == "p1"
+    for c in chunks:
+        assert LITERAL_KEY not in json.dumps(c.model_dump(), default=str)
+    sim.set_default("b1", echo)
+    only = ResilientChatModel(router=router, model="primary")
+    for call in (lambda: only.invoke("hi"), lambda: list(only.stream("hi"))):
+        with pytest.raises(AllRoutesFailedError) as ei:
+            call()
+        err: BaseException | None = ei.value
+        while err is not None:
+            assert LITERAL_KEY not in str(err) + repr(err) + json.dumps(vars(err), default=str)
+            err = err.__cause__ or err.__context__
+    router.close()
