@@ -422,16 +422,27 @@ class SyncRunner:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        # Every task on the private loop is held here until it ends, so a task another library
+        # started there and dropped (LiteLLM's logging worker moving to the caller's loop) is
+        # cancelled at close() instead of being collected pending.
+        self._tasks: set[asyncio.Task[Any]] = set()
 
     def loop(self) -> asyncio.AbstractEventLoop:
         """The running private loop (started on first use)."""
         with self._lock:
             if self._loop is None or self._loop.is_closed():
                 loop = asyncio.new_event_loop()
+                loop.set_task_factory(self._hold)
                 t = threading.Thread(target=_serve, args=(loop,), name="llm-resilience-sync", daemon=True)
                 t.start()
                 self._loop, self._thread = loop, t
             return self._loop
+
+    def _hold(self, loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
+        task: asyncio.Task[Any] = asyncio.Task(coro, loop=loop, **kwargs)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
 
     def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
         """Run ``coro`` on the private loop and wait for its result (cancelled if this thread stops)."""

@@ -26,7 +26,7 @@ from langchain_core.runnables import Runnable
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import AliasChoices, BaseModel, Field, PrivateAttr, SecretStr, field_serializer, field_validator
 
-from llm_resilience_plugin.errors import ConfigError, UnknownModelGroupError
+from llm_resilience_plugin.errors import ConfigError, StreamInterruptedError, UnknownModelGroupError
 from llm_resilience_plugin.langchain._bridge import AnyRunManager, EventSink, bridge_router, find_run_manager
 from llm_resilience_plugin.langchain._construction import (
     RouterLease,
@@ -351,14 +351,27 @@ class ResilientChatModel(BaseChatModel):
     # -- the run's config (for a deadline carried in `configurable` / metadata) -----------------
 
     def invoke(self, input: LanguageModelInput, config: Any = None, **kwargs: Any) -> AIMessage:
-        """``BaseChatModel.invoke``, with ``config`` visible to the request (its deadline)."""
+        """``BaseChatModel.invoke``, with ``config`` visible to the request (its deadline). The
+        caller gets one message, so a stream broken after content (when LangChain streams
+        internally) is recovered by asking again without streaming, through the same router."""
         with run_config(config):
-            return super().invoke(input, config, **kwargs)
+            try:
+                return super().invoke(input, config, **kwargs)
+            except StreamInterruptedError:
+                if kwargs.get("stream") is False:
+                    raise
+                return super().invoke(input, config, **{**kwargs, "stream": False})
 
     async def ainvoke(self, input: LanguageModelInput, config: Any = None, **kwargs: Any) -> AIMessage:
-        """``BaseChatModel.ainvoke``, with ``config`` visible to the request (its deadline)."""
+        """``BaseChatModel.ainvoke``, with ``config`` visible to the request; a broken internal
+        stream is recovered as in :meth:`invoke`."""
         with run_config(config):
-            return await super().ainvoke(input, config, **kwargs)
+            try:
+                return await super().ainvoke(input, config, **kwargs)
+            except StreamInterruptedError:
+                if kwargs.get("stream") is False:
+                    raise
+                return await super().ainvoke(input, config, **{**kwargs, "stream": False})
 
     def stream(self, input: LanguageModelInput, config: Any = None, **kwargs: Any) -> Iterator[Any]:
         """``BaseChatModel.stream``, with ``config`` visible to the request (its deadline)."""

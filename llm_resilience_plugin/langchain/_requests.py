@@ -15,7 +15,8 @@ from typing import Any, Protocol
 
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
 
-from llm_resilience_plugin.events import CallReport, DeploymentInfo, hidden_params_of
+from llm_resilience_plugin.errors import StreamInterruptedError
+from llm_resilience_plugin.events import CallReport, DeploymentInfo, StreamRestart, hidden_params_of
 from llm_resilience_plugin.langchain._bridge import EventSink, config_deadline
 from llm_resilience_plugin.langchain._construction import masked
 from llm_resilience_plugin.langchain._convert import StreamAssembler, generations_from_response, json_safe
@@ -155,6 +156,23 @@ def response_metadata(
     return md
 
 
+def _after_marker(asm: StreamAssembler, item: Any, stream: Any) -> StreamAssembler:
+    """Chunks already handed to LangChain cannot be taken back: a restart marker after content
+    ends the stream as interrupted (its text would be spliced onto the new answer); before any
+    content it starts a fresh assembly; a continuation keeps what was sent."""
+    if not isinstance(item, StreamRestart) or item.mode != "restart":
+        return asm
+    if item.discarded_text:
+        raise StreamInterruptedError(
+            "the stream restarted on another route after content was sent; the chat model cannot"
+            " take chunks back (invoke/ainvoke recover by asking again without streaming)",
+            item.discarded_text,
+            ConnectionError("stream restarted"),
+            getattr(stream, "report", None),
+        )
+    return StreamAssembler()
+
+
 @dataclass
 class ChatRequest:
     """One call of a chat model to its router: what to send, and the LangChain run's event sink."""
@@ -229,6 +247,9 @@ class ChatRequest:
                         break
                     finally:
                         self.sink.flush()
+                asm = _after_marker(asm, chunk, stream)
+                if isinstance(chunk, StreamRestart):
+                    continue
                 gen = asm.feed(chunk)
                 if gen is not None:
                     yield gen
@@ -254,6 +275,9 @@ class ChatRequest:
                         chunk = await it.__anext__()
                     except StopAsyncIteration:
                         break
+                asm = _after_marker(asm, chunk, stream)
+                if isinstance(chunk, StreamRestart):
+                    continue
                 gen = asm.feed(chunk)
                 if gen is not None:
                     yield gen

@@ -123,6 +123,7 @@ class ResilientStream:
         self._ttft = ttft
         self._wait_before = wait_before
         self._parts: list[str] = []
+        self._max_gap = 0.0  # the longest silence between two chunks, for the learned idle timeout
         self._finish_reason: str | None = None
         self._closed = False
         self._messages: list[dict[str, Any]] | None = None
@@ -152,14 +153,15 @@ class ResilientStream:
         if self._closed:
             return
         engine = self._engine
-        pol = engine.policies[self._group]
-        idle = self._ctx.opts.stream_idle_timeout or pol.stream_idle_timeout
+        idle = engine.idle_timeout(self._ctx, self._group)  # learned from the group's streams
+        clock = engine.clock
         try:
             for chunk in self._pre.buffered:
                 self._observe(chunk)
                 yield chunk
             if not self._pre.done:
                 it = self._pre.stream.__aiter__()
+                last = clock.monotonic()
                 while True:
                     remaining = self._ctx.deadline.remaining()
                     try:
@@ -167,6 +169,8 @@ class ResilientStream:
                             chunk = await it.__anext__()
                     except StopAsyncIteration:
                         break
+                    now = clock.monotonic()
+                    self._max_gap, last = max(self._max_gap, now - last), now
                     self._observe(chunk)
                     yield chunk
             if self._finish_reason is None:
@@ -320,6 +324,7 @@ class ResilientStream:
         self._closed = True
         self._abandoned.detach()
         engine = self._engine
+        engine.timings[self._group].observe_gap(self._max_gap)
         latency = engine.clock.monotonic() - self._t0
         engine.attempt_succeeded(
             self._ctx,

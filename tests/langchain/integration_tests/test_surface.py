@@ -376,18 +376,9 @@ def test_no_pending_task_or_unawaited_coroutine_at_exit(extra: str) -> None:
     assert "was never awaited" not in stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "LiteLLM's process-wide LoggingWorker follows the loop of the latest call: after a sync "
-        "call (the router's private loop) then an async one, it drops its worker task on the "
-        "private loop, which nothing else references; collected while pending (any GC, forced "
-        "here), it is reported. Fix in _engine/drivers.SyncRunner: hold every task created on "
-        "the private loop until it is done (a task factory), so close() cancels it instead. "
-        "The other exit tests call async first so that this does not make them flaky"
-    ),
-)
 def test_no_pending_task_reported_when_collected_before_close() -> None:
+    """LiteLLM's logging worker follows the latest call's loop: after a sync call then an async
+    one it drops its task on the router's private loop; the loop holds its tasks until close()."""
     stderr = run_exit_script(
         "gc.collect()\nllm.close()", calls="llm.invoke('hi')\nasyncio.run(llm.ainvoke('hi'))"
     )
