@@ -186,6 +186,13 @@ class ChatRequest:
     deadline: float | None
     sink: EventSink
 
+    def params_for(self, stream: bool) -> dict[str, Any]:
+        """The request's parameters; a stream asks for its usage chunk (usage_metadata needs it)."""
+        if not stream:
+            return self.params
+        options = {**(self.params.get("stream_options") or {}), "include_usage": True}
+        return {**self.params, "stream_options": options}
+
     def send(self, *, stream: bool) -> Any:
         """Call the router from a sync run: a response, or a :class:`SyncResilientStream`."""
         # The router runs its async attempt loop on a private thread shared by every sync call:
@@ -195,7 +202,8 @@ class ChatRequest:
             with self.sink.scope():
                 return self.router.completion(
                     self.group, self.messages, stream=stream, deadline=self.deadline,
-                    listener=self.sink.on_event, before_retry=self.sink.before_retry_offloop, **self.params,
+                    listener=self.sink.on_event, before_retry=self.sink.before_retry_offloop,
+                    **self.params_for(stream),
                 )  # fmt: skip
         finally:
             self.sink.flush()
@@ -206,7 +214,8 @@ class ChatRequest:
             with self.sink.scope():
                 return await self.router.acompletion(
                     self.group, self.messages, stream=stream, deadline=self.deadline,
-                    listener=self.sink.on_event, before_retry=self.sink.before_retry_async, **self.params,
+                    listener=self.sink.on_event, before_retry=self.sink.before_retry_async,
+                    **self.params_for(stream),
                 )  # fmt: skip
         finally:
             await self.sink.aflush()

@@ -124,6 +124,7 @@ class ResilientStream:
         self._wait_before = wait_before
         self._parts: list[str] = []
         self._max_gap = 0.0  # the longest silence between two chunks, for the learned idle timeout
+        self._hide_usage_chunk = False
         self._finish_reason: str | None = None
         self._closed = False
         self._messages: list[dict[str, Any]] | None = None
@@ -141,6 +142,10 @@ class ResilientStream:
         """What a restart needs to send the request again from scratch."""
         self._messages = messages
         self._kwargs = kwargs
+        asked = (kwargs.get("stream_options") or {}).get("include_usage")
+        # The router always asks for usage (the report and the cost guard need it); a caller who
+        # did not ask never sees the usage-only last chunk, as with a plain Router.
+        self._hide_usage_chunk = not asked
 
     @property
     def partial_text(self) -> str:
@@ -158,7 +163,8 @@ class ResilientStream:
         try:
             for chunk in self._pre.buffered:
                 self._observe(chunk)
-                yield chunk
+                if not (self._hide_usage_chunk and not getattr(chunk, "choices", None)):
+                    yield chunk
             if not self._pre.done:
                 it = self._pre.stream.__aiter__()
                 last = clock.monotonic()
@@ -172,6 +178,8 @@ class ResilientStream:
                     now = clock.monotonic()
                     self._max_gap, last = max(self._max_gap, now - last), now
                     self._observe(chunk)
+                    if self._hide_usage_chunk and not getattr(chunk, "choices", None):
+                        continue  # the usage-only last chunk the caller did not ask for
                     yield chunk
             if self._finish_reason is None:
                 raise ConnectionError("stream ended without a finish_reason (truncated answer)")

@@ -101,3 +101,18 @@ def test_sync_stream(make_router: RouterFactory, sim):
     assert text.startswith("Hello from a.")
     assert sim.count("a") == 2
     assert stream.report.outcome == "success"
+
+
+async def test_chunks_have_the_shapes_a_plain_router_gives(make_router: RouterFactory, sim):
+    """The router asks for usage itself (report, cost guard) but the caller sees the usage-only
+    last chunk (choices == []) only when it asked, so `chunk.choices[0]` loops never break."""
+    router = make_router({"primary": ["a"]})
+    stream = await router.acompletion(model="primary", messages=LONG, stream=True)
+    chunks = [c async for c in stream]
+    assert chunks and all(c.choices for c in chunks)
+    assert stream.usage and stream.usage["completion_tokens"] > 0  # still known to the plugin
+    asked = await router.acompletion(
+        model="primary", messages=LONG, stream=True, stream_options={"include_usage": True}
+    )
+    last = [c async for c in asked][-1]
+    assert last.choices == [] and last.usage.total_tokens > 0
