@@ -1,0 +1,67 @@
+"""Validated configuration: the resilience policy, and a LiteLLM Router config that carries it.
+
+Everything a user can get wrong is checked here, before a request is sent, and reported as a
+:class:`ConfigError` that names the field and says how to fix it.
+"""
+
+from llm_resilience_plugin.policy._models import (
+    STREAM_TIMEOUT_DEFAULT,
+    Action,
+    BackoffPolicy,
+    BreakerPolicy,
+    ClassKey,
+    ClassPolicy,
+    DegradationPolicy,
+    EffectivePolicy,
+    GroupPolicy,
+    HedgePolicy,
+    LevelDegradation,
+    ResiliencePolicy,
+    RetryBudgetPolicy,
+    SharedStatePolicy,
+    TierPolicy,
+)
+from llm_resilience_plugin.policy._spec import (
+    OWNED_ROUTER_SETTINGS,
+    TOP_LEVEL_KEYS,
+    FallbackMap,
+    RouterSpec,
+    build_policy,
+    build_spec,
+    config_problems,
+    load_config,
+    read_config,
+    router_setting_names,
+    spec_from_mapping,
+    spec_problems,
+)
+
+__all__ = [
+    "OWNED_ROUTER_SETTINGS",
+    "STREAM_TIMEOUT_DEFAULT",
+    "TOP_LEVEL_KEYS",
+    "Action",
+    "BackoffPolicy",
+    "BreakerPolicy",
+    "ClassKey",
+    "ClassPolicy",
+    "DegradationPolicy",
+    "EffectivePolicy",
+    "FallbackMap",
+    "GroupPolicy",
+    "HedgePolicy",
+    "LevelDegradation",
+    "ResiliencePolicy",
+    "RetryBudgetPolicy",
+    "RouterSpec",
+    "SharedStatePolicy",
+    "TierPolicy",
+    "build_policy",
+    "build_spec",
+    "config_problems",
+    "load_config",
+    "read_config",
+    "router_setting_names",
+    "spec_from_mapping",
+    "spec_problems",
+]
