@@ -1,0 +1,233 @@
+"""The plugin's own CPU per healthy call, and what it is made of.
+
+Wall-clock ratios (benchmarks/overhead.py) need a quiet machine. This script measures CPU, which a
+busy machine disturbs far less, in two ways:
+
+- **stub** (default, no sockets, a few seconds): the wrapped ``litellm.Router`` is replaced by a
+  stub whose ``acompletion`` returns a real response captured once from the simulator. Everything
+  a call then costs beyond the stub is the plugin's own work: ``ResilientRouter.acompletion``
+  minus the stub called directly, as the median over ``--rounds`` alternating rounds of
+  ``--calls`` calls (``time.process_time``), one at a time and ``--concurrency`` at once (the stub
+  yields to the loop once, as a request would). ``--profile`` adds a cProfile of the plugin's path
+  (every function's own time per call, whatever module it is in: with the stub, all of it is the
+  plugin's doing). cProfile inflates call-heavy code: read it for shares, the CPU figure for size.
+  Also printed: the GC-tracked objects each call holds while ``--concurrency`` calls are in
+  flight - they bring the next collection closer, and with many LiteLLM requests in flight a
+  collection of the older generation costs milliseconds (see docs/benchmarks.md).
+- **live** (``--live``): both routers against the simulator (its own process), alternating blocks
+  (ABBA) of ``--block`` calls; the plugin's own CPU is the median of (plugin - bare) per block
+  pair. This also catches work the plugin makes LiteLLM do (kwargs, metadata, hooks), but its
+  interval is wide on a shared machine.
+
+    python benchmarks/profile_overhead.py [--rounds 15] [--calls 2000] [--concurrency 50]
+                                          [--profile] [--top 25]
+                                          [--live] [--blocks 40] [--block 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import gc
+import pstats
+import random
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import llm_resilience_plugin  # noqa: F401  (offline LiteLLM settings first)
+
+try:  # run as a script (python benchmarks/x.py) or imported as benchmarks.x
+    from overhead import MSG, ExternalSimulator, build
+except ImportError:  # pragma: no cover
+    from benchmarks.overhead import MSG, ExternalSimulator, build
+
+Call = Callable[[], Awaitable[Any]]
+PKG = "llm_resilience_plugin"
+
+
+class StubRouter:
+    """Stands in for ``litellm.Router``: answers every ``acompletion`` with one captured response."""
+
+    def __init__(self, response: Any) -> None:
+        self.response = response
+        self.calls = 0
+        self.count_at: int | None = None  # which call reads the GC's young-generation count
+        self.young: int | None = None
+
+    async def acompletion(self, model: str, messages: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        if self.calls == self.count_at:
+            self.young = gc.get_count()[0]
+        await asyncio.sleep(0)  # one trip through the loop, as a real request makes
+        return self.response
+
+
+async def held_objects(call: Call, stub: StubRouter, concurrency: int) -> float:
+    """GC-tracked objects each call holds while ``concurrency`` calls are in flight (the young
+    generation's count when the last one reaches the stub, per call): what makes collections
+    come sooner, and costlier ones, on a router with many calls in flight."""
+    gc.collect()
+    gc.disable()
+    try:
+        stub.calls, stub.count_at, stub.young = 0, concurrency, None
+        start = gc.get_count()[0]
+        await asyncio.gather(*(call() for _ in range(concurrency)))
+        assert stub.young is not None
+        return (stub.young - start) / concurrency
+    finally:
+        stub.count_at = None
+        gc.enable()
+
+
+def stubbed(router: Any, stub: StubRouter) -> Any:
+    """``router`` (a ResilientRouter) sending every attempt to ``stub``."""
+    router._router = stub
+    dispatcher = getattr(getattr(router, "engine", None), "dispatcher", None)
+    if dispatcher is not None and hasattr(dispatcher, "router"):
+        dispatcher.router = stub
+    return router
+
+
+async def _run(call: Call, n: int, concurrency: int) -> None:
+    if concurrency <= 1:
+        for _ in range(n):
+            await call()
+        return
+    for start in range(0, n, concurrency):
+        await asyncio.gather(*(call() for _ in range(min(concurrency, n - start))))
+
+
+def _interval(values: list[float], n: int = 2000) -> tuple[float, float]:
+    rng = random.Random(7)
+    boots = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(n))
+    return boots[int(0.025 * n)], boots[int(0.975 * n) - 1]
+
+
+async def paired_cpu(systems: dict[str, Call], rounds: int, calls: int, concurrency: int) -> dict[str, Any]:
+    """CPU µs per call of each system, alternating (ABBA); the plugin's own = median pair difference."""
+    per: dict[str, list[float]] = {"bare": [], "resilient": []}
+    for i in range(rounds):
+        for kind in ("bare", "resilient") if i % 2 == 0 else ("resilient", "bare"):
+            gc.collect()
+            c0 = time.process_time()
+            await _run(systems[kind], calls, concurrency)
+            per[kind].append((time.process_time() - c0) / calls * 1e6)
+    diffs = [r - b for b, r in zip(per["bare"], per["resilient"], strict=True)]
+    return {
+        "bare_us": statistics.median(per["bare"]),
+        "plugin_us": statistics.median(per["resilient"]),
+        "own_us": statistics.median(diffs),
+        "own_ci95": _interval(diffs),
+    }
+
+
+def _where(key: tuple[str, int, str]) -> str:
+    filename, line, name = key
+    if PKG in filename:
+        return f"{PKG}{filename.rsplit(PKG, 1)[1]}:{line}({name})"
+    if filename == "~":
+        return name
+    for marker in ("site-packages/", "python3.11/"):
+        if marker in filename:
+            filename = filename.split(marker, 1)[1]
+    return f"{filename}:{line}({name})"
+
+
+async def profile(call: Call, calls: int, concurrency: int, top: int) -> None:
+    """Print the top functions by own time per call on the plugin's path."""
+    prof = cProfile.Profile()
+    gc.collect()
+    prof.enable()
+    await _run(call, calls, concurrency)
+    prof.disable()
+    stats: dict[Any, Any] = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+    rows = sorted(
+        ((_where(k), v[2] / calls * 1e6, v[3] / calls * 1e6, v[1] / calls) for k, v in stats.items()),
+        key=lambda r: -r[1],
+    )
+    total = sum(r[1] for r in rows)
+    ours = sum(r[1] for r in rows if r[0].startswith(PKG))
+    print(
+        f"  under cProfile: {total:.0f} µs/call in all ({ours:.0f} in {PKG}'s own functions); "
+        f"top {top} by own time (µs/call, cumulative, calls/call):"
+    )
+    for name, tt, ct, n in rows[:top]:
+        print(f"    {tt:6.1f}  {ct:7.1f}  {n:5.1f}  {name}")
+
+
+async def stub_mode(args: argparse.Namespace) -> None:
+    sim = ExternalSimulator()
+    try:  # one real response, captured and replayed
+        _, bare_call = build("bare", sim)
+        response = await bare_call()
+        plugin_router, _ = build("resilient", sim)
+    finally:
+        sim.stop()
+    stub = StubRouter(response)
+    stubbed(plugin_router, stub)
+
+    async def bare() -> Any:
+        return await stub.acompletion(model="primary", messages=MSG)
+
+    async def plugin() -> Any:
+        return await plugin_router.acompletion(model="primary", messages=MSG)
+
+    systems = {"bare": bare, "resilient": plugin}
+    for conc in sorted({1, args.concurrency}):
+        for call in systems.values():
+            await _run(call, 500, conc)
+        cpu = await paired_cpu(systems, args.rounds, args.calls, conc)
+        print(
+            f"stub, concurrency {conc} ({args.rounds} rounds of {args.calls} calls): stub alone "
+            f"{cpu['bare_us']:.1f} µs, through the plugin {cpu['plugin_us']:.1f} µs; plugin's own "
+            f"{cpu['own_us']:.1f} µs/call (95 % interval {cpu['own_ci95'][0]:.1f}-{cpu['own_ci95'][1]:.1f})"
+        )
+        if args.profile:
+            await profile(plugin, min(args.calls, 2000), conc, args.top)
+    held = {k: await held_objects(c, stub, args.concurrency) for k, c in systems.items()}
+    print(
+        f"GC-tracked objects held per call in flight ({args.concurrency} at once): stub alone "
+        f"{held['bare']:.1f}, through the plugin {held['resilient']:.1f}; the plugin's own "
+        f"{held['resilient'] - held['bare']:.1f}"
+    )
+    plugin_router.close()
+
+
+async def live_mode(args: argparse.Namespace) -> None:
+    sim = ExternalSimulator()
+    try:
+        built = {kind: build(kind, sim) for kind in ("bare", "resilient")}
+        systems = {kind: call for kind, (_, call) in built.items()}
+        for call in systems.values():  # warm connections, caches, code paths
+            await _run(call, 100, max(args.concurrency, 1))
+        for conc in sorted({1, args.concurrency}):
+            cpu = await paired_cpu(systems, args.blocks, args.block if conc == 1 else conc, conc)
+            print(
+                f"live, concurrency {conc} ({args.blocks} block pairs): bare {cpu['bare_us']:.0f} µs, "
+                f"plugin {cpu['plugin_us']:.0f} µs; plugin's own {cpu['own_us']:+.0f} µs/call "
+                f"(95 % interval {cpu['own_ci95'][0]:+.0f} to {cpu['own_ci95'][1]:+.0f})"
+            )
+        built["resilient"][0].close()
+    finally:
+        sim.stop()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=15, help="stub: round pairs")
+    ap.add_argument("--calls", type=int, default=2000, help="stub: calls per round")
+    ap.add_argument("--concurrency", type=int, default=50, help="calls in flight at once (besides 1)")
+    ap.add_argument("--profile", action="store_true", help="stub: also show where the time goes (cProfile)")
+    ap.add_argument("--top", type=int, default=25, help="rows of the profile")
+    ap.add_argument("--live", action="store_true", help="against the simulator instead of the stub")
+    ap.add_argument("--blocks", type=int, default=40, help="live: block pairs")
+    ap.add_argument("--block", type=int, default=20, help="live: sequential calls per block")
+    args = ap.parse_args()
+    asyncio.run(live_mode(args) if args.live else stub_mode(args))
+
+
+if __name__ == "__main__":
+    main()
