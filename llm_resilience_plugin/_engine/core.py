@@ -115,6 +115,11 @@ def validate_request(messages: Any, kwargs: Mapping[str, Any]) -> None:
     if not isinstance(messages, list) or not messages:
         raise ConfigError("messages", "expected a non-empty list of chat messages")
     for i, m in enumerate(messages):
+        # Fast path: a plain dict with a role string and ASCII text needs nothing more checked.
+        if type(m) is dict:
+            role, content = m.get("role"), m.get("content")
+            if type(role) is str and role and type(content) is str and content.isascii():
+                continue
         where = f"messages[{i}]"
         if not isinstance(m, Mapping):
             raise ConfigError(
@@ -143,6 +148,8 @@ def validate_request(messages: Any, kwargs: Mapping[str, Any]) -> None:
             )
         else:
             _check_text(f"{where}.content", content)
+    if not kwargs or _NUMBERS.keys().isdisjoint(kwargs):
+        return
     for name, (kind, low, high) in _NUMBERS.items():
         value = kwargs.get(name)
         if value is None:
