@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -54,10 +54,13 @@ class AttemptContext:
     hedged: bool = False  # a hedge must know its deployment while the request is in flight
     timeout_s: float = 0.0  # this attempt's time limit (to the first chunk for a stream)
     admission: Admission | None = None
-    generations: dict[str, int] = field(default_factory=dict)
+    # The breaker generation of each candidate the filter let through; None until it runs (most
+    # attempts never filter: no dict, no GC-tracked object per attempt).
+    generations: dict[str, int] | None = None
     picked: str | None = None
     sent: bool = False
-    guard_tokens: list[tuple[AttemptGuard, Any]] = field(default_factory=list)
+    # (guard, token) per guard consulted; an empty tuple until the first guard is consulted.
+    guard_tokens: Sequence[tuple[AttemptGuard, Any]] = ()
     # What the dispatcher holds for this attempt (hooks, registrations), let go once the engine
     # has accounted for the outcome.
     cleanups: list[Callable[[], None]] = field(default_factory=list)
@@ -80,7 +83,7 @@ class AttemptContext:
         """Tell every guard how the attempt ended (once). ``billable``: it failed or was cut
         short after the request was sent, so the provider may bill it; ``produced``: content
         reached the caller. Guards that do not take these keywords are called without them."""
-        tokens, self.guard_tokens = self.guard_tokens, []
+        tokens, self.guard_tokens = self.guard_tokens, ()
         for guard, token in tokens:
             extra = {"billable": billable, "produced": produced} if _takes_spend_flags(guard) else {}
             try:
@@ -148,11 +151,14 @@ class AttemptContext:
         pool = preferred or fallback
         if not pool:
             raise CircuitOpenError(self.group, blocked or [deployment_id_of(d) for d in healthy])
+        generations = self.generations
+        if generations is None:
+            generations = self.generations = {}
         for d in pool:
             dep = deployment_id_of(d)
             b = breakers.get(dep)
             if b is not None:
-                self.generations[dep] = b.generation
+                generations[dep] = b.generation
         if len(pool) == 1:
             self.pick(deployment_id_of(pool[0]))
         return pool
@@ -173,7 +179,7 @@ class AttemptContext:
         if self.picked is not None and self.admission is not None:
             return
         self.picked = dep
-        gen = self.generations.get(dep)
+        gen = self.generations.get(dep) if self.generations is not None else None
         if gen is None:
             b = self.engine.breakers.get(dep)
             gen = b.generation if b is not None else None

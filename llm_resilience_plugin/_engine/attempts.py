@@ -209,5 +209,7 @@ def guard_before(
         stream=call.stream,
         idempotency_key=call.report.idempotency_key,
     )
+    tokens: list[tuple[Any, Any]] = []
+    actx.guard_tokens = tokens  # a guard raising leaves the earlier ones' tokens to settle
     for guard in engine.guards:
-        actx.guard_tokens.append((guard, guard.before_attempt(info)))
+        tokens.append((guard, guard.before_attempt(info)))
