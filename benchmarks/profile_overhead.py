@@ -106,21 +106,43 @@ def _interval(values: list[float], n: int = 2000) -> tuple[float, float]:
     return boots[int(0.025 * n)], boots[int(0.975 * n) - 1]
 
 
+class GcTimer:
+    """CPU seconds spent in the garbage collector, and collections per generation."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.collections = [0, 0, 0]
+        self._t0 = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._t0 = time.process_time()
+        else:
+            self.seconds += time.process_time() - self._t0
+            self.collections[info["generation"]] += 1
+
+
 async def paired_cpu(systems: dict[str, Call], rounds: int, calls: int, concurrency: int) -> dict[str, Any]:
-    """CPU µs per call of each system, alternating (ABBA); the plugin's own = median pair difference."""
+    """CPU µs per call of each system, alternating (ABBA); the plugin's own = median pair difference.
+    Also the GC's CPU µs per call and its collections per generation, per system."""
     per: dict[str, list[float]] = {"bare": [], "resilient": []}
+    timers = {kind: GcTimer() for kind in per}
     for i in range(rounds):
         for kind in ("bare", "resilient") if i % 2 == 0 else ("resilient", "bare"):
             gc.collect()
+            gc.callbacks.append(timers[kind])
             c0 = time.process_time()
             await _run(systems[kind], calls, concurrency)
             per[kind].append((time.process_time() - c0) / calls * 1e6)
+            gc.callbacks.remove(timers[kind])
     diffs = [r - b for b, r in zip(per["bare"], per["resilient"], strict=True)]
     return {
         "bare_us": statistics.median(per["bare"]),
         "plugin_us": statistics.median(per["resilient"]),
         "own_us": statistics.median(diffs),
         "own_ci95": _interval(diffs),
+        "gc_us": {k: t.seconds / (rounds * calls) * 1e6 for k, t in timers.items()},
+        "gc_collections": {k: t.collections for k, t in timers.items()},
     }
 
 
@@ -209,6 +231,11 @@ async def live_mode(args: argparse.Namespace) -> None:
                 f"live, concurrency {conc} ({args.blocks} block pairs): bare {cpu['bare_us']:.0f} µs, "
                 f"plugin {cpu['plugin_us']:.0f} µs; plugin's own {cpu['own_us']:+.0f} µs/call "
                 f"(95 % interval {cpu['own_ci95'][0]:+.0f} to {cpu['own_ci95'][1]:+.0f})"
+            )
+            print(
+                f"  GC: bare {cpu['gc_us']['bare']:.0f} µs/call, collections per generation "
+                f"{cpu['gc_collections']['bare']}; plugin {cpu['gc_us']['resilient']:.0f} µs/call, "
+                f"{cpu['gc_collections']['resilient']}"
             )
         built["resilient"][0].close()
     finally:
