@@ -198,7 +198,7 @@ class MemoryBreakerBackend(BreakerBackend):
             success_counter=self._storage.success_counter,
             opened_at=self._opened_at(),
             probes=len(self._probe_started),
-            open_for=self.policy.open_for(max(1, self._streak)),
+            open_for=self.policy.window(max(1, self._streak)),
         )
 
     def admit(self, now: float) -> tuple[Admission | None, list[Change]]:
@@ -208,7 +208,7 @@ class MemoryBreakerBackend(BreakerBackend):
         if state == CLOSED:
             return Admission(name, self._generation, probe=False), changes
         if state == OPEN:
-            if now < self._opened_at() + self.policy.open_for(self._streak):
+            if now < self._opened_at() + self.policy.window(self._streak):
                 return None, changes
             self._transition(self._cb.half_open, changes)
         lease = self._probe_lease

@@ -85,6 +85,25 @@ def own_timeouts(
     return out
 
 
+# The probe interval of a deployment whose group has a fallback (its breaker's probe_interval
+# unset): while it is open its callers get a degradation, so it is probed this often.
+PROBE_INTERVAL = 2.0
+
+
+def preferred_routes(
+    policies: Mapping[str, EffectivePolicy], spec: RouterSpec | None
+) -> dict[str, EffectivePolicy]:
+    """A group with a fallback whose breaker leaves ``probe_interval`` unset gets
+    :data:`PROBE_INTERVAL`: an open breaker there sends its callers to a degradation, so the
+    preferred route is probed at a short fixed interval, whatever its growing window says."""
+    out: dict[str, EffectivePolicy] = {}
+    for group, pol in policies.items():
+        if pol.breaker.probe_interval is None and spec is not None and spec.fallback_chain(group, None):
+            breaker = pol.breaker.model_copy(update={"probe_interval": PROBE_INTERVAL})
+            out[group] = pol.model_copy(update={"breaker": breaker})
+    return out
+
+
 class Engine:
     """Breakers per deployment, a retry budget and hedging state per group, and one attempt's
     bookkeeping. Public to the package: routing, streams and drivers use it, users do not."""
@@ -138,6 +157,7 @@ class Engine:
         }
         self.policies.update(own_timeouts(self.policies, self.deployments, self.group_deployments))
         self.policies.update(policies or {})
+        self.policies.update(preferred_routes(self.policies, spec))
         self.dispatcher: Dispatcher | None = None
         self._not_closed: set[str] = set()
         self._hold_until = 0.0
