@@ -85,6 +85,15 @@ def own_timeouts(
     return out
 
 
+class RetryAfterHeld(Exception):
+    """Nothing was sent: every deployment of the group holds a ``Retry-After`` (a skipped attempt)."""
+
+    def __init__(self, group: str, seconds: float) -> None:
+        super().__init__(f"every deployment of {group!r} holds a Retry-After for {seconds:.2f} s")
+        self.group = group
+        self.seconds = seconds
+
+
 # The probe interval of a deployment whose group has a fallback (its breaker's probe_interval
 # unset): while it is open its callers get a degradation, so it is probed this often.
 PROBE_INTERVAL = 2.0
@@ -231,6 +240,29 @@ class Engine:
         now = self.clock.wall()
         waits = [self.breakers[d].held_for(now) for d in self.admissible(call, group, now)]
         return min(waits) if waits else 0.0
+
+    def held_back(self, call: CallState, group: str) -> Failure | None:
+        """A skip instead of a request when every deployment of ``group`` this call may use holds
+        a ``Retry-After``: the provider asked not to be sent to before then, so the call waits out
+        the hold on this group (within ``max_wait_with_fallback`` and the deadline) or fails over,
+        and nothing is sent. None when some deployment is free (or nothing is admissible: the
+        breakers decide). Cheap while no hold is pending."""
+        hold = self._hold_until
+        if not hold:
+            return None
+        now = self.clock.wall()
+        if now >= hold:
+            return None
+        free_in = self.earliest_free(call, group)
+        if free_in <= 0:
+            return None
+        return Failure(
+            ErrorClass.RATE_LIMIT,
+            None,
+            f"every deployment of {group!r} holds a Retry-After ({free_in:.2f} s left): nothing sent",
+            free_in,
+            RetryAfterHeld(group, free_in),
+        )
 
     def fallback_chain(self, group: str, error_class: ErrorClass | None) -> list[str]:
         """The fallback groups of ``group`` after a failure of ``error_class``."""

@@ -166,7 +166,10 @@ class GroupRetryState:
             # The hold applies to the deployment that sent it; wait only if nothing else is free.
             free_in = self.earliest_free()
             if ra is not None and free_in > 0:
-                delay = max(delay, min(ra, free_in))
+                # Wait out the hold, then a random part of it more: callers held together must
+                # not all come back in the same instant and trip the limit again (full jitter).
+                hold = min(ra, free_in)
+                delay = max(delay, hold + self.rng.uniform(0.0, hold))
         return delay
 
     def stop(self, retry_state: tenacity.RetryCallState) -> bool:
@@ -186,7 +189,7 @@ class GroupRetryState:
             and limit is not None
             and isinstance(exc, AttemptFailed)
             and exc.failure.retry_after is not None
-            and upcoming > limit
+            and min(upcoming, exc.failure.retry_after) > limit
             and self.earliest_free() > 0
         ):
             self.gave_up_reason = "Retry-After wait longer than max_wait_with_fallback: failing over"
