@@ -30,7 +30,7 @@ from llm_resilience_plugin._engine.core import (
 from llm_resilience_plugin._engine.dispatch import Dispatcher
 from llm_resilience_plugin._engine.hedging import HedgeState
 from llm_resilience_plugin._engine.learned import StreamTimings
-from llm_resilience_plugin._engine.retry import RetryBudget, SharedTokens
+from llm_resilience_plugin._engine.retry import RetryAfterHeld, RetryBudget, SharedTokens
 from llm_resilience_plugin.errors import ErrorClass, Failure
 from llm_resilience_plugin.events import (
     AttemptGuard,
@@ -83,15 +83,6 @@ def own_timeouts(
                 changes["first_chunk_timeout"] = min(pol.first_chunk_timeout, update["attempt_timeout"])
             out[group] = pol.model_copy(update=changes)
     return out
-
-
-class RetryAfterHeld(Exception):
-    """Nothing was sent: every deployment of the group holds a ``Retry-After`` (a skipped attempt)."""
-
-    def __init__(self, group: str, seconds: float) -> None:
-        super().__init__(f"every deployment of {group!r} holds a Retry-After for {seconds:.2f} s")
-        self.group = group
-        self.seconds = seconds
 
 
 # The probe interval of a deployment whose group has a fallback (its breaker's probe_interval
@@ -170,6 +161,7 @@ class Engine:
         self.dispatcher: Dispatcher | None = None
         self._not_closed: set[str] = set()
         self._hold_until = 0.0
+        self._hold_wave = 0.0  # when the last hold some call is waiting for ends
         # Shared (multi-process) breaker state can change without a local transition event.
         self._shared_breakers = shared_breakers
         self._epochs = itertools.count(1)
@@ -263,6 +255,20 @@ class Engine:
             free_in,
             RetryAfterHeld(group, free_in),
         )
+
+    def spread_hold(self, hold: float, most: float) -> float:
+        """The wait of a call held ``hold`` seconds by a Retry-After (at most ``most``). A call
+        that is the only one waiting for a hold comes back when it ends; while other calls are
+        already waiting, it comes back at a random time over up to twice the hold more (full
+        jitter after the hold), so a rate limit that lifts is not tripped again at once by the
+        whole queue."""
+        now = self.clock.wall()
+        with self.rng_lock:
+            alone = self._hold_wave <= now  # no other call is waiting for a hold to end
+            self._hold_wave = max(self._hold_wave, now + hold)
+            if alone or most <= hold:
+                return hold
+            return hold + self.rng.uniform(0.0, min(2 * hold, most - hold))
 
     def fallback_chain(self, group: str, error_class: ErrorClass | None) -> list[str]:
         """The fallback groups of ``group`` after a failure of ``error_class``."""
