@@ -13,7 +13,6 @@ from llm_resilience_plugin._engine.core import (
     CallState,
     DeadlineSkip,
     Served,
-    attempt_limit,
     attempt_timeouts,
 )
 from llm_resilience_plugin._engine.engine import Engine
@@ -54,7 +53,7 @@ def begin(
         call.failures.append(held)
         engine.record(call, group, level, None, held, started_wall, 0.0, wait_before, "skipped")
         raise AttemptFailed(held, None)
-    limit = engine.first_chunk_timeout(call, group) if call.stream else attempt_limit(call, pol)
+    limit = engine.first_chunk_timeout(call, group) if call.stream else engine.answer_timeout(call, group)
     timeout, sent_timeout, bound = attempt_timeouts(limit, remaining)
     actx = AttemptContext(
         engine=engine,

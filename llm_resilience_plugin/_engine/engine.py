@@ -77,6 +77,8 @@ def own_timeouts(
         if update:
             pol = policies[group]
             changes: dict[str, Any] = dict(update)
+            if "attempt_timeout" in update:
+                changes["learn_answer_timeouts"] = False  # likewise for a whole answer
             if "first_chunk_timeout" in update:
                 changes["learn_stream_timeouts"] = False  # the deployment said how long: keep it
             else:
@@ -291,6 +293,19 @@ class Engine:
         learned = self.timings[group].first_chunk(pol.first_chunk_timeout, attempt)
         return attempt_limit(call, pol, elsewhere=self.can_go_elsewhere(call, group), learned=learned)
 
+    def answer_timeout(self, call: CallState, group: str) -> float:
+        """The time limit of a non-stream attempt in ``group``: the attempt timeout, or - while
+        the call has somewhere else to go and neither the caller nor the deployments set a
+        timeout - the one learned from the group's observed answer times (never above it)."""
+        pol = self.policies[group]
+        limit = attempt_limit(call, pol)
+        if call.opts.attempt_timeout or not pol.learn_answer_timeouts:
+            return limit
+        learned = self.timings[group].answer(limit)
+        if learned >= limit or not self.can_go_elsewhere(call, group):
+            return limit
+        return learned
+
     def idle_timeout(self, call: CallState, group: str) -> float:
         """The longest silence a stream in ``group`` may keep between chunks."""
         pol = self.policies[group]
@@ -355,6 +370,8 @@ class Engine:
         if actx.admission is not None:
             self.breakers[actx.admission.deployment_id].record_success(actx.admission)
         self.budgets[group].on_success()
+        if not call.stream:
+            self.timings[group].observe_answer(latency)
         hedge = self.hedges.get(group)
         if hedge is not None:
             hedge.observe(ttft if ttft is not None else latency)

@@ -351,6 +351,7 @@ class EffectivePolicy(Model):
     stream_idle_timeout: float
     learn_stream_timeouts: bool = False  # the first-chunk timeout adapts to observed TTFT
     learn_idle_timeouts: bool = False  # the idle timeout adapts to observed gaps between chunks
+    learn_answer_timeouts: bool = True  # a non-stream attempt's limit adapts to observed answer times
     connect_timeout: float | None
     min_attempt_time: float
     backoff: BackoffPolicy

@@ -44,3 +44,36 @@ async def test_a_free_deployment_of_the_group_is_used_while_another_is_held(make
         resp = await router.acompletion(model="primary", messages=MSG)
         assert get_report(resp).served_group == "primary"  # type: ignore[union-attr]
     assert sim.count("a") <= 1 and sim.count("b") == 0 and all(s < 0.1 for s in clock.slept)  # no hold waited
+
+
+async def test_non_stream_attempts_use_a_timeout_learned_from_answer_times(make_router: RouterFactory, sim):
+    from llm_resilience_plugin._engine.learned import MIN_SAMPLES
+
+    router = make_router(
+        {"primary": ["a"], "backup": ["b"]},
+        fallbacks=[{"primary": ["backup"]}],
+        policy={"attempt_timeout": 20},
+    )
+    for _ in range(MIN_SAMPLES):  # healthy answers: learned from them (fast: the 1 s floor)
+        await router.acompletion(model="primary", messages=MSG)
+    sim.set_default("a", Fault.slow_first_token(4.0))
+    resp = await router.acompletion(model="primary", messages=MSG)
+    report = get_report(resp)
+    assert report is not None and report.served_group == "backup"
+    first = report.attempts[0]
+    assert first.error_class == "timeout" and first.latency_s < 2.0  # not the 20 s attempt timeout
+    # A timeout the caller sets is never learned over: the slow answer is waited for.
+    sim.set_default("a", Fault.slow_first_token(1.5))
+    resp = await router.acompletion(model="primary", messages=MSG, attempt_timeout=10)
+    assert get_report(resp).served_group == "primary"  # type: ignore[union-attr]
+
+
+async def test_the_last_route_waits_the_whole_attempt_timeout(make_router: RouterFactory, sim):
+    from llm_resilience_plugin._engine.learned import MIN_SAMPLES
+
+    router = make_router({"primary": ["a"]}, policy={"attempt_timeout": 20})
+    for _ in range(MIN_SAMPLES):
+        await router.acompletion(model="primary", messages=MSG)
+    sim.set_default("a", Fault.slow_first_token(1.5))  # slower than learned, but nowhere else to go
+    resp = await router.acompletion(model="primary", messages=MSG)
+    assert get_report(resp).upstream_requests == 1  # type: ignore[union-attr]
