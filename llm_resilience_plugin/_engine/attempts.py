@@ -13,7 +13,6 @@ from llm_resilience_plugin._engine.core import (
     CallState,
     DeadlineSkip,
     Served,
-    attempt_limit,
     attempt_timeouts,
 )
 from llm_resilience_plugin._engine.engine import Engine
@@ -49,7 +48,12 @@ def begin(
         call.failures.append(failure)
         engine.record(call, group, level, None, failure, started_wall, 0.0, wait_before, "skipped")
         raise AttemptFailed(failure, None)
-    limit = engine.first_chunk_timeout(call, group) if call.stream else attempt_limit(call, pol)
+    held = engine.held_back(call, group) if not exclude else None
+    if held is not None:  # every deployment asked to be left alone for now: wait or fail over
+        call.failures.append(held)
+        engine.record(call, group, level, None, held, started_wall, 0.0, wait_before, "skipped")
+        raise AttemptFailed(held, None)
+    limit = engine.first_chunk_timeout(call, group) if call.stream else engine.answer_timeout(call, group)
     timeout, sent_timeout, bound = attempt_timeouts(limit, remaining)
     actx = AttemptContext(
         engine=engine,

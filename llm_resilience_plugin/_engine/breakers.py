@@ -63,6 +63,7 @@ class BreakerView:
     opened_at: float = 0.0
     probes: int = 0
     open_for: float | None = None  # how long this opening lasts (None: the policy's reset_timeout)
+    rate_limited: int = 0  # 429s in a row, where the backend counts them (a shared one)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +115,15 @@ class BreakerBackend(ABC):
         """True when :meth:`record_success` would change nothing and may be skipped (checked
         without the breaker's lock, so only from state held in this process)."""
         return False
+
+    @property
+    def shares_rate_limits(self) -> bool:
+        """Does this backend count 429s itself (fleet-wide), through :meth:`record_rate_limited`?"""
+        return False
+
+    def record_rate_limited(self, admission: Admission, limit: int, now: float) -> list[Change]:
+        """A 429 (only called when :attr:`shares_rate_limits`): ``limit`` in a row open it."""
+        raise NotImplementedError
 
     def has_expired_probe(self, now: float) -> bool:
         """Is a probe slot held by a probe past its lease (so :meth:`admit` would free it)?"""
@@ -198,7 +208,7 @@ class MemoryBreakerBackend(BreakerBackend):
             success_counter=self._storage.success_counter,
             opened_at=self._opened_at(),
             probes=len(self._probe_started),
-            open_for=self.policy.open_for(max(1, self._streak)),
+            open_for=self.policy.window(max(1, self._streak)),
         )
 
     def admit(self, now: float) -> tuple[Admission | None, list[Change]]:
@@ -208,7 +218,7 @@ class MemoryBreakerBackend(BreakerBackend):
         if state == CLOSED:
             return Admission(name, self._generation, probe=False), changes
         if state == OPEN:
-            if now < self._opened_at() + self.policy.open_for(self._streak):
+            if now < self._opened_at() + self.policy.window(self._streak):
                 return None, changes
             self._transition(self._cb.half_open, changes)
         lease = self._probe_lease
@@ -415,6 +425,11 @@ class DeploymentBreaker:
         """A 429: not an outage. Only ``rate_limit_fail_max`` of them in a row (no success in
         between) open the breaker; fewer just free the ticket (the Retry-After hold does the rest)."""
         limit = self.policy.rate_limit_fail_max
+        if limit is not None and self.policy.enabled and self.backend.shares_rate_limits:
+            with self._lock:  # the fleet counts them (one streak for every process)
+                self._emit(self.backend.observed())
+                self._emit(self.backend.record_rate_limited(admission, limit, self._clock()))
+            return
         self._rate_limited += 1
         if limit is None or self._rate_limited < limit:
             self.release(admission)

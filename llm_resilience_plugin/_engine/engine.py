@@ -30,7 +30,7 @@ from llm_resilience_plugin._engine.core import (
 from llm_resilience_plugin._engine.dispatch import Dispatcher
 from llm_resilience_plugin._engine.hedging import HedgeState
 from llm_resilience_plugin._engine.learned import StreamTimings
-from llm_resilience_plugin._engine.retry import RetryBudget, SharedTokens
+from llm_resilience_plugin._engine.retry import RetryAfterHeld, RetryBudget, SharedTokens
 from llm_resilience_plugin.errors import ErrorClass, Failure
 from llm_resilience_plugin.events import (
     AttemptGuard,
@@ -77,11 +77,32 @@ def own_timeouts(
         if update:
             pol = policies[group]
             changes: dict[str, Any] = dict(update)
+            if "attempt_timeout" in update:
+                changes["learn_answer_timeouts"] = False  # likewise for a whole answer
             if "first_chunk_timeout" in update:
                 changes["learn_stream_timeouts"] = False  # the deployment said how long: keep it
             else:
                 changes["first_chunk_timeout"] = min(pol.first_chunk_timeout, update["attempt_timeout"])
             out[group] = pol.model_copy(update=changes)
+    return out
+
+
+# The probe interval of a deployment whose group has a fallback (its breaker's probe_interval
+# unset): while it is open its callers get a degradation, so it is probed this often.
+PROBE_INTERVAL = 2.0
+
+
+def preferred_routes(
+    policies: Mapping[str, EffectivePolicy], spec: RouterSpec | None
+) -> dict[str, EffectivePolicy]:
+    """A group with a fallback whose breaker leaves ``probe_interval`` unset gets
+    :data:`PROBE_INTERVAL`: an open breaker there sends its callers to a degradation, so the
+    preferred route is probed at a short fixed interval, whatever its growing window says."""
+    out: dict[str, EffectivePolicy] = {}
+    for group, pol in policies.items():
+        if pol.breaker.probe_interval is None and spec is not None and spec.fallback_chain(group, None):
+            breaker = pol.breaker.model_copy(update={"probe_interval": PROBE_INTERVAL})
+            out[group] = pol.model_copy(update={"breaker": breaker})
     return out
 
 
@@ -138,9 +159,11 @@ class Engine:
         }
         self.policies.update(own_timeouts(self.policies, self.deployments, self.group_deployments))
         self.policies.update(policies or {})
+        self.policies.update(preferred_routes(self.policies, spec))
         self.dispatcher: Dispatcher | None = None
         self._not_closed: set[str] = set()
         self._hold_until = 0.0
+        self._hold_wave = 0.0  # when the last hold some call is waiting for ends
         # Shared (multi-process) breaker state can change without a local transition event.
         self._shared_breakers = shared_breakers
         self._epochs = itertools.count(1)
@@ -212,6 +235,43 @@ class Engine:
         waits = [self.breakers[d].held_for(now) for d in self.admissible(call, group, now)]
         return min(waits) if waits else 0.0
 
+    def held_back(self, call: CallState, group: str) -> Failure | None:
+        """A skip instead of a request when every deployment of ``group`` this call may use holds
+        a ``Retry-After``: the provider asked not to be sent to before then, so the call waits out
+        the hold on this group (within ``max_wait_with_fallback`` and the deadline) or fails over,
+        and nothing is sent. None when some deployment is free (or nothing is admissible: the
+        breakers decide). Cheap while no hold is pending."""
+        hold = self._hold_until
+        if not hold:
+            return None
+        now = self.clock.wall()
+        if now >= hold:
+            return None
+        free_in = self.earliest_free(call, group)
+        if free_in <= 0:
+            return None
+        return Failure(
+            ErrorClass.RATE_LIMIT,
+            None,
+            f"every deployment of {group!r} holds a Retry-After ({free_in:.2f} s left): nothing sent",
+            free_in,
+            RetryAfterHeld(group, free_in),
+        )
+
+    def spread_hold(self, hold: float, most: float) -> float:
+        """The wait of a call held ``hold`` seconds by a Retry-After (at most ``most``). A call
+        that is the only one waiting for a hold comes back when it ends; while other calls are
+        already waiting, it comes back at a random time over up to twice the hold more (full
+        jitter after the hold), so a rate limit that lifts is not tripped again at once by the
+        whole queue."""
+        now = self.clock.wall()
+        with self.rng_lock:
+            alone = self._hold_wave <= now  # no other call is waiting for a hold to end
+            self._hold_wave = max(self._hold_wave, now + hold)
+            if alone or most <= hold:
+                return hold
+            return hold + self.rng.uniform(0.0, min(2 * hold, most - hold))
+
     def fallback_chain(self, group: str, error_class: ErrorClass | None) -> list[str]:
         """The fallback groups of ``group`` after a failure of ``error_class``."""
         return self.spec.fallback_chain(group, error_class) if self.spec is not None else []
@@ -232,6 +292,19 @@ class Engine:
         attempt = call.opts.attempt_timeout or pol.attempt_timeout
         learned = self.timings[group].first_chunk(pol.first_chunk_timeout, attempt)
         return attempt_limit(call, pol, elsewhere=self.can_go_elsewhere(call, group), learned=learned)
+
+    def answer_timeout(self, call: CallState, group: str) -> float:
+        """The time limit of a non-stream attempt in ``group``: the attempt timeout, or - while
+        the call has somewhere else to go and neither the caller nor the deployments set a
+        timeout - the one learned from the group's observed answer times (never above it)."""
+        pol = self.policies[group]
+        limit = attempt_limit(call, pol)
+        if call.opts.attempt_timeout or not pol.learn_answer_timeouts:
+            return limit
+        learned = self.timings[group].answer(limit)
+        if learned >= limit or not self.can_go_elsewhere(call, group):
+            return limit
+        return learned
 
     def idle_timeout(self, call: CallState, group: str) -> float:
         """The longest silence a stream in ``group`` may keep between chunks."""
@@ -297,6 +370,8 @@ class Engine:
         if actx.admission is not None:
             self.breakers[actx.admission.deployment_id].record_success(actx.admission)
         self.budgets[group].on_success()
+        if not call.stream:
+            self.timings[group].observe_answer(latency)
         hedge = self.hedges.get(group)
         if hedge is not None:
             hedge.observe(ttft if ttft is not None else latency)

@@ -1,6 +1,7 @@
-"""Stream timeouts learned from what a group's streams really do: time to first token and the
-longest silence between chunks, so a slow-but-healthy model is not cut and a stalled one is not
-waited on for the whole attempt timeout."""
+"""Timeouts learned from what a group's calls really do: a stream's time to first token and its
+longest silence between chunks, a non-stream call's time to its whole answer, so a
+slow-but-healthy model is not cut and a stalled one is not waited on for the whole attempt
+timeout."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ MIN_SAMPLES = 20
 WINDOW = 200
 HEADROOM = 4.0
 FLOOR = 1.0
+RECOMPUTE = 10  # non-stream answers between two computations of their p95
 
 
 def _p95(values: deque[float]) -> float:
@@ -26,6 +28,9 @@ class StreamTimings:
     def __init__(self) -> None:
         self._ttft: deque[float] = deque(maxlen=WINDOW)
         self._gaps: deque[float] = deque(maxlen=WINDOW)
+        self._answers: deque[float] = deque(maxlen=WINDOW)
+        self._answer_limit: tuple[int, float] | None = None  # (samples seen when computed, p95)
+        self._seen = 0
         self._lock = threading.Lock()
 
     def observe_ttft(self, seconds: float) -> None:
@@ -37,6 +42,24 @@ class StreamTimings:
         """A completed stream's longest silence between two chunks."""
         with self._lock:
             self._gaps.append(seconds)
+
+    def observe_answer(self, seconds: float) -> None:
+        """A non-stream attempt's whole answer arrived after ``seconds``."""
+        with self._lock:
+            self._answers.append(seconds)
+            self._seen += 1
+
+    def answer(self, cap: float) -> float:
+        """A non-stream attempt's timeout: ``cap`` until enough samples, then HEADROOM x the p95
+        of observed answer times (at least FLOOR, at most ``cap``). The p95 is recomputed every
+        RECOMPUTE answers, not on every call."""
+        known = self._answer_limit
+        if known is None or self._seen - known[0] >= RECOMPUTE:
+            with self._lock:
+                if len(self._answers) < MIN_SAMPLES:
+                    return cap
+                known = self._answer_limit = (self._seen, _p95(self._answers))
+        return min(cap, max(FLOOR, HEADROOM * known[1]))
 
     def first_chunk(self, default: float, cap: float) -> float:
         """The first-chunk timeout: ``default`` until enough samples, then HEADROOM x the p95 of

@@ -97,6 +97,15 @@ class AttemptFailed(Exception):
         self.deployment_id = deployment_id
 
 
+class RetryAfterHeld(Exception):
+    """Nothing was sent: every deployment of the group holds a ``Retry-After`` (a skipped attempt)."""
+
+    def __init__(self, group: str, seconds: float) -> None:
+        super().__init__(f"every deployment of {group!r} holds a Retry-After for {seconds:.2f} s")
+        self.group = group
+        self.seconds = seconds
+
+
 def backoff_delay(backoff: BackoffPolicy, retry_number: int, rng: random.Random) -> float:
     """Full jitter (AWS architecture blog): uniform(0, min(maximum, initial * 2**(n-1)))."""
     cap = min(backoff.maximum, backoff.initial * (2 ** max(0, retry_number - 1)))
@@ -121,6 +130,8 @@ class GroupRetryState:
     retry_on_max: int = 2
     # Is any deployment of the group left that this call may still try? (None: always.)
     has_candidates: Callable[[], bool] | None = None
+    # The wait for a Retry-After hold of ``hold`` seconds, at most a second value (None: the hold).
+    spread_hold: Callable[[float, float], float] | None = None
     retries_by_class: dict[ErrorClass, int] = field(default_factory=dict)
     gave_up_reason: str | None = None
 
@@ -166,7 +177,12 @@ class GroupRetryState:
             # The hold applies to the deployment that sent it; wait only if nothing else is free.
             free_in = self.earliest_free()
             if ra is not None and free_in > 0:
-                delay = max(delay, min(ra, free_in))
+                hold = min(ra, free_in)
+                if self.spread_hold is not None:  # the calls held together do not all come back at once
+                    bound = self.policy.backoff.max_wait_with_fallback
+                    most = max(hold, bound) if self.has_fallback and bound is not None else 3 * hold
+                    hold = self.spread_hold(hold, min(most, self.deadline.remaining() / 2))
+                delay = max(delay, hold)
         return delay
 
     def stop(self, retry_state: tenacity.RetryCallState) -> bool:
@@ -186,7 +202,7 @@ class GroupRetryState:
             and limit is not None
             and isinstance(exc, AttemptFailed)
             and exc.failure.retry_after is not None
-            and upcoming > limit
+            and min(upcoming, exc.failure.retry_after) > limit
             and self.earliest_free() > 0
         ):
             self.gave_up_reason = "Retry-After wait longer than max_wait_with_fallback: failing over"

@@ -99,6 +99,15 @@ class BreakerPolicy(Model):
         description="How long a breaker first stays open; each failed probe doubles it up to "
         "reset_timeout, a success starts again here (a blip costs seconds, an outage one probe a window).",
     )
+    probe_interval: float | None = Field(
+        default=None,
+        gt=0,
+        le=86400,
+        description="The longest a breaker stays open between probes, whatever the growing window "
+        "says: one probe per interval, never two in flight (Envoy's unhealthy_interval). None: "
+        "2 s for deployments of a group with a fallback - while open, "
+        "their callers are served a degradation - and the growing window alone elsewhere.",
+    )
     success_threshold: int = Field(default=1, ge=1, le=100)
     half_open_max_probes: int = Field(default=1, ge=1, le=100)
     rate_limit_fail_max: int | None = Field(
@@ -114,6 +123,12 @@ class BreakerPolicy(Model):
         """Seconds a breaker stays open after its ``streak``-th trip in a row (1 = first)."""
         first = min(self.min_reset_timeout, self.reset_timeout)
         return min(self.reset_timeout, first * 2 ** max(0, streak - 1))
+
+    def window(self, streak: int) -> float:
+        """Seconds a breaker stays open after its ``streak``-th trip in a row: the growing window,
+        at most ``probe_interval`` when one is set."""
+        grown = self.open_for(streak)
+        return grown if self.probe_interval is None else min(grown, self.probe_interval)
 
 
 class RetryBudgetPolicy(Model):
@@ -336,6 +351,7 @@ class EffectivePolicy(Model):
     stream_idle_timeout: float
     learn_stream_timeouts: bool = False  # the first-chunk timeout adapts to observed TTFT
     learn_idle_timeouts: bool = False  # the idle timeout adapts to observed gaps between chunks
+    learn_answer_timeouts: bool = True  # a non-stream attempt's limit adapts to observed answer times
     connect_timeout: float | None
     min_attempt_time: float
     backoff: BackoffPolicy

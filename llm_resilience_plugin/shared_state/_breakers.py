@@ -35,14 +35,14 @@ if TYPE_CHECKING:
 # The breaker scripts by name; each starts with the shared helpers (view, touch, trip).
 BREAKER_SCRIPTS = {
     name: read_lua("breaker_lib.lua", f"{name}.lua")
-    for name in ("admit", "success", "failure", "release", "view", "merge")
+    for name in ("admit", "success", "failure", "release", "view", "merge", "ratelimited")
 }
 
 _STATES = {CLOSED, OPEN, HALF_OPEN}
 _LOCAL_GEN_BASE = -(2**40)  # local-state generations are negative: never equal to a Redis one
 
 
-def _view_of(reply: Sequence[Any], offset: int) -> BreakerView:
+def _view_of(reply: Sequence[Any], offset: int, policy: BreakerPolicy) -> BreakerView:
     """The :class:`BreakerView` in a script's reply, starting at ``offset``."""
     st = text(reply[offset])
     return BreakerView(
@@ -52,6 +52,8 @@ def _view_of(reply: Sequence[Any], offset: int) -> BreakerView:
         success_counter=int(reply[offset + 3]),
         opened_at=int(reply[offset + 4]) / 1000.0,
         probes=int(reply[offset + 5]),
+        open_for=policy.window(max(1, int(reply[offset + 6]))),
+        rate_limited=int(reply[offset + 7]),
     )
 
 
@@ -83,6 +85,8 @@ class RedisBreakerBackend(BreakerBackend):
                 "generation",
                 "probes",
                 "opened_at_ms",
+                "streak",
+                "rate_limited",
             )
         ]
         self._mu = threading.Lock()
@@ -94,6 +98,7 @@ class RedisBreakerBackend(BreakerBackend):
         self._local: MemoryBreakerBackend | None = None
         self._local_epoch = -1
         self._local_gens = 0
+        self._local_rate_limited = 0  # 429s in a row counted here while Redis is unreachable
 
     # -- reads -------------------------------------------------------------------------------
 
@@ -190,17 +195,18 @@ class RedisBreakerBackend(BreakerBackend):
                     "admit",
                     [
                         ms(now),
-                        ms(self.policy.reset_timeout),
+                        ms(min(self.policy.min_reset_timeout, self.policy.reset_timeout)),
                         self.policy.half_open_max_probes,
                         ms(self.lease),
                         lease_id,
                         KEY_TTL,
+                        ms(self._longest_open()),
                     ],
                 )
             except SharedStateUnavailable:
                 pass
             else:
-                view = _view_of(r, 3)
+                view = _view_of(r, 3, self.policy)
                 changes = self._apply(text(r[2]), view)
                 if not int(r[0]):
                     return None, changes
@@ -209,6 +215,39 @@ class RedisBreakerBackend(BreakerBackend):
         local = self._local_backend()
         adm, changes = local.admit(now)
         return adm, self._local_changes(changes)
+
+    def _longest_open(self) -> float:
+        """The cap of the growing open window: ``reset_timeout``, or ``probe_interval`` if shorter."""
+        pol = self.policy
+        return pol.reset_timeout if pol.probe_interval is None else min(pol.reset_timeout, pol.probe_interval)
+
+    @property
+    def shares_rate_limits(self) -> bool:
+        return True
+
+    def record_rate_limited(self, admission: Admission, limit: int, now: float) -> list[Change]:
+        """A 429, counted fleet-wide: ``limit`` in a row (no success between, from any process)
+        open the breaker; fewer only free the probe slot. On local state (Redis down) it counts
+        in this process until Redis is back."""
+        if admission.generation < 0 or not self.shared.available:
+            self._local_rate_limited += 1
+            if self._local_rate_limited < limit:
+                return self.release(admission)
+            self._local_rate_limited = 0
+            changes: list[Change] = []
+            for _ in range(self.policy.fail_max):  # enough failures to trip it
+                changes = self.record_failure(admission, now)
+                if changes:
+                    break
+            return changes
+        try:
+            r = self._call(
+                "ratelimited",
+                [admission.generation, int(admission.probe), admission.lease or "", limit, ms(now), KEY_TTL],
+            )
+        except SharedStateUnavailable:
+            return []
+        return self._apply(text(r[1]), _view_of(r, 2, self.policy))
 
     def _outcome(self, script: str, admission: Admission, threshold: int, now: float) -> list[Change]:
         if admission.generation < 0:  # admitted on local state
@@ -233,13 +272,14 @@ class RedisBreakerBackend(BreakerBackend):
             )
         except SharedStateUnavailable:
             return []
-        return self._apply(text(r[1]), _view_of(r, 2))
+        return self._apply(text(r[1]), _view_of(r, 2, self.policy))
 
     def record_success(self, admission: Admission, now: float) -> list[Change]:
         if (
             not admission.probe
             and admission.generation >= 0
             and self._cache.fail_counter == 0
+            and self._cache.rate_limited == 0
             and self._cache.generation == admission.generation
             and self.shared.available
         ):
@@ -261,7 +301,7 @@ class RedisBreakerBackend(BreakerBackend):
             r = self._call("release", [admission.lease, ms(self.shared.clock())])
         except SharedStateUnavailable:
             return []
-        return self._apply(text(r[1]), _view_of(r, 2))
+        return self._apply(text(r[1]), _view_of(r, 2, self.policy))
 
     # -- background ----------------------------------------------------------------------------
 
@@ -271,7 +311,7 @@ class RedisBreakerBackend(BreakerBackend):
 
         def done(replies: Any) -> None:
             r = replies[0]
-            view = _view_of(r, 2)
+            view = _view_of(r, 2, self.policy)
             with self._mu:
                 if self._seq != seq:
                     return  # a write's reply is fresher than this read
@@ -305,7 +345,7 @@ class RedisBreakerBackend(BreakerBackend):
         except redis.RedisError as e:
             self.shared.mark_down(e)
             return
-        view = _view_of(r, 2)
+        view = _view_of(r, 2, self.policy)
         with self._mu:
             self._cache = view
             if view.state != self._known:

@@ -91,6 +91,7 @@ class RedisBreakerModel(BreakerModel):
         policy = BreakerPolicy(
             fail_max=self.fail_max,
             reset_timeout=self.reset,
+            min_reset_timeout=self.reset,  # the model's fixed window (as in test_breakers)
             success_threshold=self.success_needed,
             half_open_max_probes=self.probes_max,
         )

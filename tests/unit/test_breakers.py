@@ -283,3 +283,40 @@ def test_rate_limits_open_the_breaker_only_at_their_own_threshold():
     assert b.state == "closed"  # the success in between started the count again
     b.record_rate_limited(b.admit())  # type: ignore[arg-type]
     assert b.state == "open"  # ten in a row: nothing but 429s, stop knocking
+
+
+def test_a_probe_interval_caps_the_growing_window_one_probe_at_a_time():
+    now = Now()
+    policy = BreakerPolicy(fail_max=1, reset_timeout=30, min_reset_timeout=2, probe_interval=2)
+    b = DeploymentBreaker("d1", "g", policy, clock=now)
+    b.record_failure(b.admit())  # type: ignore[arg-type]
+    for _ in range(6):  # a long outage: one probe every 2 s, never a 16 s or 30 s window
+        now.t += 1.9
+        assert b.admit() is None
+        now.t += 0.1
+        probe = b.admit()
+        assert probe is not None and probe.probe
+        assert b.admit() is None  # never two probes in flight
+        b.record_failure(probe)
+    assert b.retry_at() == pytest.approx(now.t + 2)
+
+
+def test_the_router_probes_a_preferred_route_at_the_fixed_interval_only():
+    from llm_resilience_plugin._engine.engine import PROBE_INTERVAL, preferred_routes
+    from llm_resilience_plugin.policy import ResiliencePolicy, RouterSpec
+
+    def spec(policy: ResiliencePolicy) -> RouterSpec:
+        models = [{"model_name": g, "litellm_params": {"model": "openai/x"}} for g in ("primary", "fallback")]
+        return RouterSpec(model_list=models, fallbacks={"primary": ["fallback"]}, policy=policy)
+
+    default = ResiliencePolicy()
+    pols = {g: default.for_group(g) for g in ("primary", "fallback")}
+    out = preferred_routes(pols, spec(default))
+    assert out["primary"].breaker.probe_interval == PROBE_INTERVAL
+    assert "fallback" not in out  # nowhere else to go: the growing window alone
+    assert out["primary"].breaker.window(4) == PROBE_INTERVAL
+    assert pols["fallback"].breaker.window(4) == 16
+    custom = ResiliencePolicy.model_validate({"breaker": {"probe_interval": 5}})
+    pols = {g: custom.for_group(g) for g in ("primary", "fallback")}
+    assert preferred_routes(pols, spec(custom)) == {}  # configured: never overridden
+    assert pols["fallback"].breaker.window(4) == 5

@@ -241,3 +241,32 @@ def test_configured_stream_timeouts_are_never_learned_over() -> None:
         engine.timings["primary"].observe_ttft(0.1)
     assert engine.first_chunk_timeout(call, "primary") == 7
     assert engine.idle_timeout(call, "primary") == 4
+
+
+def test_non_stream_timeouts_are_learned_from_answer_times_and_capped():
+    from llm_resilience_plugin._engine.learned import MIN_SAMPLES, StreamTimings
+
+    t = StreamTimings()
+    assert t.answer(30.0) == 30.0  # nothing observed: the attempt timeout
+    for _ in range(MIN_SAMPLES):
+        t.observe_answer(0.8)
+    assert t.answer(30.0) == pytest.approx(3.2)  # 4 x p95
+    assert t.answer(2.0) == 2.0  # never above the attempt timeout
+    fast = StreamTimings()
+    for _ in range(MIN_SAMPLES):
+        fast.observe_answer(0.01)
+    assert fast.answer(30.0) == 1.0  # never below the floor
+
+
+def test_calls_held_together_come_back_spread_out_within_the_bound():
+    from llm_resilience_plugin._engine.clock import FakeClock
+    from llm_resilience_plugin._engine.engine import Engine
+    from llm_resilience_plugin.policy import ResiliencePolicy
+
+    engine = Engine(None, {}, clock=FakeClock(), seed=3, guards=[], policy=ResiliencePolicy())
+    assert engine.spread_hold(1.0, 3.0) == 1.0  # alone: back when the hold ends
+    waits = [engine.spread_hold(1.0, 3.0) for _ in range(200)]  # the others: spread over 1..3 s
+    assert all(1.0 <= w <= 3.0 for w in waits) and max(waits) - min(waits) > 1.5
+    assert engine.spread_hold(2.0, 2.5) <= 2.5  # never beyond the bound that made waiting right
+    engine.clock.advance(10)  # type: ignore[attr-defined]
+    assert engine.spread_hold(1.0, 3.0) == 1.0  # the earlier waits are over: alone again
