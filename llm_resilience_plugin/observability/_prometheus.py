@@ -3,8 +3,8 @@
 Calls by outcome and error class, attempts, retries, fallbacks, upstream requests per call,
 call duration, time to first token, tokens, breaker state per deployment (0 closed, 1 half-open,
 2 open), breaker transitions, spend in dollars and each cost-guard budget's limit. Labels stay
-low-cardinality: group, deployment, outcome, error class (never a call id). The metrics are registered once per ``CollectorRegistry`` and
-shared by every router instrumented into it.
+low-cardinality: group, deployment, outcome, error class (never a call id). The metrics are
+registered once per ``CollectorRegistry`` and shared by every router instrumented into it.
 """
 
 from __future__ import annotations
