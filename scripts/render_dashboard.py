@@ -9,6 +9,8 @@ which supports exactly the forms the dashboard uses: selectors with ``=``/``!=``
 ``/`` between two scalars or vectors. Then matplotlib draws the panels.
 
     .venv/bin/python scripts/render_dashboard.py [--ticks 60] [--calls-per-tick 12]
+
+Needs prometheus-client (the ``prometheus`` extra) and matplotlib (the ``notebooks`` extra).
 """
 
 from __future__ import annotations
