@@ -42,6 +42,10 @@ try:  # run as a script (python benchmarks/x.py) or imported as benchmarks.x
     from _common import pct, write_json
 except ImportError:  # pragma: no cover
     from benchmarks._common import pct, write_json
+try:
+    from _overhead_observability import observability_rows, print_rows
+except ImportError:  # pragma: no cover
+    from benchmarks._overhead_observability import observability_rows, print_rows
 
 MSG = [{"role": "user", "content": "Say hello in five words."}]
 TARGET = 0.97  # the budget: at most 3 % lower throughput than the bare Router
@@ -284,6 +288,9 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             systems, args.batches, args.batch or args.concurrency, args.concurrency
         )
         built["resilient"][0].close()
+        if args.observability:  # instrumentation off / not installed / on (_overhead_observability.py)
+            rows = await observability_rows(model_list(sim), args.observability, args.block)
+            results["observability"] = rows
         return results
     finally:
         sim.stop()
@@ -301,6 +308,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=50)
     ap.add_argument("--instructions", action="store_true", help="also count instructions (valgrind)")
     ap.add_argument("--out", default="benchmarks/results/overhead.json")
+    ap.add_argument("--observability", type=int, default=0, metavar="PAIRS", help="observability rows")
     args = ap.parse_args()
     results = asyncio.run(measure(args))
     if args.instructions:
@@ -311,6 +319,8 @@ def main() -> None:
     print("| measurement | bare | plugin | plugin / bare (95 % interval) | added p50 / p99 | verdict |")
     print("|---|---:|---:|---:|---:|---|")
     for label, r in results.items():
+        if label == "observability":
+            continue
         if label == "instructions":
             print(
                 f"| instructions per call, {r['concurrency']} concurrent | "
@@ -339,6 +349,8 @@ def main() -> None:
         f"{seq['cpu_ms_per_call'][1]:.2f} ms "
         f"(median pair difference {seq['added_cpu_ms_median_pair']:+.3f} ms)"
     )
+    if "observability" in results:
+        print_rows(results["observability"])
     out = write_json(args.out, {"target": TARGET, "results": results})
     print(f"JSON: {out}")
 

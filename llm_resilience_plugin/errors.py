@@ -135,6 +135,39 @@ class DeadlineExceededError(AllRoutesFailedError, TimeoutError):
     """The call's deadline expired before any route answered."""
 
 
+_AS_PROVIDER_ERROR: dict[tuple[type, type], type] = {}
+
+
+def as_provider_error(err: AllRoutesFailedError, root: BaseException) -> AllRoutesFailedError:
+    """``err``, also an instance of ``root``'s LiteLLM/openai exception class (with its
+    ``status_code``, ``message``, ``llm_provider`` ...), so a caller written for a plain
+    ``litellm.Router`` (``except litellm.RateLimitError``) catches it; other roots leave it as is."""
+    root_cls = type(root)
+    if not root_cls.__module__.startswith(("litellm.", "openai.")) or isinstance(err, root_cls):
+        return err
+    key = (type(err), root_cls)
+    combined = _AS_PROVIDER_ERROR.get(key)
+    if combined is None:
+        try:
+            combined = type(
+                type(err).__name__,
+                (type(err), root_cls),
+                # str() is the attempt list (the provider's __str__ would print only its message)
+                {"__str__": BaseException.__str__, "__module__": __name__},
+            )
+        except TypeError:  # an incompatible layout: keep the plugin's error alone
+            return err
+        _AS_PROVIDER_ERROR[key] = combined
+    try:
+        err.__class__ = combined
+    except TypeError:
+        return err
+    for name, value in vars(root).items():
+        if name not in ("attempts", "report") and not name.startswith("__"):
+            err.__dict__.setdefault(name, value)
+    return err
+
+
 class StreamInterruptedError(ResilienceError):
     """A stream failed after content reached the caller; carries the partial text and the cause."""
 

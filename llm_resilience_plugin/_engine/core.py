@@ -21,6 +21,7 @@ from llm_resilience_plugin.errors import (
     DeadlineExceededError,
     ErrorClass,
     Failure,
+    as_provider_error,
 )
 from llm_resilience_plugin.events import CallReport, Listener, attach_report
 from llm_resilience_plugin.policy import EffectivePolicy, ResiliencePolicy, TierPolicy
@@ -309,6 +310,7 @@ def final_error(
         )
     if root is not None:
         err.__cause__ = root.exception
+        err = as_provider_error(err, root.exception)  # drop-in: caught as a plain Router's error
     return err
 
 

@@ -1,6 +1,7 @@
 """Structured JSON logs, in-process metrics, and OpenTelemetry / Prometheus instrumentation
 (:func:`instrument`) of calls, attempts and breakers."""
 
+from llm_resilience_plugin.observability._from_policy import apply_observability
 from llm_resilience_plugin.observability._instrumentation import instrument
 from llm_resilience_plugin.observability._logs import (
     JsonFormatter,
@@ -27,6 +28,7 @@ __all__ = [
     "MetricsSummary",
     "RouterEventLogger",
     "RouterObserver",
+    "apply_observability",
     "attach_router_logging",
     "configure_json_logging",
     "instrument",

@@ -2,9 +2,9 @@
 
 Calls by outcome and error class, attempts, retries, fallbacks, upstream requests per call,
 call duration, time to first token, tokens, breaker state per deployment (0 closed, 1 half-open,
-2 open) and breaker transitions. Labels stay low-cardinality: group, deployment, outcome,
-error class (never a call id). The metrics are registered once per ``CollectorRegistry`` and
-shared by every router instrumented into it.
+2 open), breaker transitions, spend in dollars and each cost-guard budget's limit. Labels stay
+low-cardinality: group, deployment, outcome, error class (never a call id). The metrics are
+registered once per ``CollectorRegistry`` and shared by every router instrumented into it.
 """
 
 from __future__ import annotations
@@ -48,6 +48,8 @@ class PrometheusMetrics:
     tokens: Counter
     breaker_state: Gauge
     breaker_transitions: Counter
+    spend: Counter
+    budget_limit: Gauge
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> PrometheusMetrics:
@@ -95,6 +97,13 @@ class PrometheusMetrics:
                 "Breaker transitions per deployment",
                 ("group", "deployment", "new_state"),
             ),
+            spend=counter("spend_usd", "Dollars spent by calls (their response cost)", ("group",)),
+            budget_limit=Gauge(
+                f"{PREFIX}_budget_limit_usd",
+                "Each cost-guard budget's limit in dollars (a scoped budget: per scope value)",
+                ("budget", "period"),
+                registry=registry,
+            ),
         )
 
 
@@ -121,6 +130,9 @@ class PrometheusRecorder:
             self.m.breaker_state.labels(snap.get("model_group", ""), dep_id).set(
                 sc.breaker_value(snap.get("state"))
             )
+        for guard in getattr(router, "guards", ()):  # a CostGuard's budgets, for spend vs budget
+            for budget in getattr(guard, "budgets", ()):
+                self.m.budget_limit.labels(budget.name, budget.period).set(budget.limit)
 
     def __call__(self, event: Event) -> None:
         m = self.m
@@ -138,6 +150,8 @@ class PrometheusRecorder:
             m.duration.labels(group, outcome).observe(event.total_latency_s)
             if event.ttft_s is not None:
                 m.ttft.labels(group).observe(event.ttft_s)
+            if event.response_cost:
+                m.spend.labels(group).inc(event.response_cost)
             if event.usage:
                 m.tokens.labels(group, "input").inc(int(event.usage.get("prompt_tokens") or 0))
                 m.tokens.labels(group, "output").inc(int(event.usage.get("completion_tokens") or 0))

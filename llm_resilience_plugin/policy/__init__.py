@@ -21,6 +21,7 @@ from llm_resilience_plugin.policy._models import (
     SharedStatePolicy,
     TierPolicy,
 )
+from llm_resilience_plugin.policy._observability import ObservabilityPolicy, ObservabilitySwitch
 from llm_resilience_plugin.policy._spec import (
     OWNED_ROUTER_SETTINGS,
     TOP_LEVEL_KEYS,
@@ -51,6 +52,8 @@ __all__ = [
     "GroupPolicy",
     "HedgePolicy",
     "LevelDegradation",
+    "ObservabilityPolicy",
+    "ObservabilitySwitch",
     "ResiliencePolicy",
     "RetryBudgetPolicy",
     "RouterSpec",

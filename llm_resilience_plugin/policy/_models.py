@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
 
 from llm_resilience_plugin.errors import ErrorClass
+from llm_resilience_plugin.policy._observability import ObservabilityPolicy
 
 Action = Literal["retry", "failover", "fail"]
 # Error classes are keys written as strings in YAML: matched by value, everything else is strict.
@@ -303,6 +304,9 @@ class ResiliencePolicy(Model):
     max_fallbacks: int = Field(default=5, ge=0, le=50)
     groups: dict[str, GroupPolicy] = Field(default_factory=dict)
     shared_state: SharedStatePolicy = Field(default_factory=SharedStatePolicy)
+    # Exporters turned on when the router is built (policy/_observability.py); None: only an
+    # explicit instrument(router) call does.
+    observability: ObservabilityPolicy | None = None
 
     @model_validator(mode="after")
     def _fill_classes(self) -> ResiliencePolicy:

@@ -52,6 +52,7 @@ from llm_resilience_plugin.events import (
     hidden_params_of,
     usage_of,
 )
+from llm_resilience_plugin.observability import apply_observability
 from llm_resilience_plugin.policy import (
     EffectivePolicy,
     ResiliencePolicy,
@@ -280,6 +281,12 @@ class ResilientRouter:
         if self.shared_state is not None:  # closing also stops syncing this router's keys
             release, release_args = self.shared_state.release_router, (_release, self._sync, shared_members)
         self._finalizer = weakref.finalize(self, release, *release_args)
+        # The policy's `observability:` section (auto: on when installed); close() detaches it.
+        try:
+            self._detach_observability = apply_observability(self, self.policy.observability)
+        except ConfigError:
+            self._finalizer()
+            raise
 
     # -- introspection ---------------------------------------------------------------------------
 
@@ -382,6 +389,7 @@ class ResilientRouter:
 
     def close(self) -> None:
         """Release the private loop used by sync calls and, with the last router, LiteLLM's hook."""
+        self._detach_observability()
         self._finalizer()
 
     # -- one call --------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ over on another route. A stream that ends without a finish reason is never a suc
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import weakref
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
@@ -69,6 +70,21 @@ def _text_of(chunk: Any) -> str:
         text = getattr(delta, "content", None) if delta is not None else None
         return text if isinstance(text, str) else ""
     return ""
+
+
+def usage_to_hidden_params(shown: Any, usage_chunk: Any) -> None:
+    """Put a hidden usage-only chunk's usage where a plain Router stream keeps it when the caller
+    did not ask for usage: the last chunk's ``_hidden_params["usage"]`` (read by
+    ``litellm.stream_chunk_builder``), with its cost."""
+    hidden = getattr(shown, "_hidden_params", None)
+    usage = getattr(usage_chunk, "usage", None)
+    if not isinstance(hidden, dict) or usage is None or "usage" in hidden:
+        return
+    cost = (hidden_params_of(usage_chunk) or {}).get("response_cost")
+    if cost is not None and getattr(usage, "cost", None) is None:
+        with contextlib.suppress(Exception):
+            usage.cost = cost
+    hidden["usage"] = usage
 
 
 def _after_prefix(chunks: list[Any], skip: int) -> list[Any]:
@@ -161,9 +177,13 @@ class ResilientStream:
         idle = engine.idle_timeout(self._ctx, self._group)  # learned from the group's streams
         clock = engine.clock
         try:
+            shown: Any = None
             for chunk in self._pre.buffered:
                 self._observe(chunk)
-                if not (self._hide_usage_chunk and not getattr(chunk, "choices", None)):
+                if self._hide_usage_chunk and not getattr(chunk, "choices", None):
+                    usage_to_hidden_params(shown, chunk)
+                else:
+                    shown = chunk
                     yield chunk
             if not self._pre.done:
                 it = self._pre.stream.__aiter__()
@@ -179,7 +199,9 @@ class ResilientStream:
                     self._max_gap, last = max(self._max_gap, now - last), now
                     self._observe(chunk)
                     if self._hide_usage_chunk and not getattr(chunk, "choices", None):
+                        usage_to_hidden_params(shown, chunk)
                         continue  # the usage-only last chunk the caller did not ask for
+                    shown = chunk
                     yield chunk
             if self._finish_reason is None:
                 raise ConnectionError("stream ended without a finish_reason (truncated answer)")

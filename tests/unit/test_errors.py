@@ -105,3 +105,21 @@ def test_parse_retry_after_http_date() -> None:
 def test_litellm_suffix_is_trimmed_from_messages() -> None:
     msg = "boom\n\nLiteLLM: model group 'g' failed with the error above. No fallback was attempted."
     assert classify(L(litellm.InternalServerError, msg, status=500)).message.endswith("boom")
+
+
+def test_all_routes_failed_is_also_the_providers_error_class() -> None:
+    """Drop-in: ``except litellm.RateLimitError`` written for a plain Router catches the plugin's
+    final error; a non-provider root cause leaves it a plain AllRoutesFailedError."""
+    from llm_resilience_plugin.errors import AllRoutesFailedError, DeadlineExceededError, as_provider_error
+    from llm_resilience_plugin.events import CallReport
+
+    report = CallReport(call_id="c", requested_group="g", stream=False, started_at=0.0)
+    root = L(litellm.RateLimitError, "slow down", status=429)
+    err = as_provider_error(AllRoutesFailedError("all routes failed", [], report), root)
+    assert isinstance(err, litellm.RateLimitError) and isinstance(err, openai.RateLimitError)
+    assert isinstance(err, AllRoutesFailedError) and err.status_code == 429 and err.report is report
+    assert str(err) == "all routes failed" and err.llm_provider == root.llm_provider
+    late = as_provider_error(DeadlineExceededError("late", [], report), L(litellm.Timeout, "t", status=408))
+    assert isinstance(late, TimeoutError) and isinstance(late, litellm.Timeout)
+    plain = as_provider_error(AllRoutesFailedError("x", [], report), RuntimeError("boom"))
+    assert type(plain) is AllRoutesFailedError
