@@ -288,6 +288,12 @@ class ResiliencePolicy(Model):
     max_fallbacks: int = Field(default=5, ge=0, le=50)
     groups: dict[str, GroupPolicy] = Field(default_factory=dict)
     shared_state: SharedStatePolicy = Field(default_factory=SharedStatePolicy)
+    dispatch: Literal["auto", "router", "direct"] = Field(
+        default="auto",
+        description="How attempts are sent: 'direct' through litellm.acompletion with the arguments "
+        "the Router would send (refused for a group where that is not proven equivalent), 'router' "
+        "through litellm.Router, 'auto' direct wherever equivalent (see `llm-resilience check`).",
+    )
 
     @model_validator(mode="after")
     def _fill_classes(self) -> ResiliencePolicy:
