@@ -258,10 +258,12 @@ async def test_callbacks_fire_alike(
         with pytest.raises(Exception):  # noqa: B017 - the same for both: compared below
             await r.acompletion(model="g", messages=MSG)
         for _ in range(100):  # the success event is logged in the background
-            if len(events.seen) >= 2:
+            if sum(e[1].get("model_id") == "cb" for e in events.seen) >= 2:
                 break
             await asyncio.sleep(0.01)
-        got[mode] = sorted(events.seen, key=lambda e: e[0])
+        # only this test's deployment: another test's background logging may land here late
+        got[mode] = sorted((e for e in events.seen if e[1].get("model_id") == "cb"), key=lambda e: e[0])
+        assert [kind for kind, _ in got[mode]] == ["failure", "success"]
     for (kind_a, a), (kind_b, b) in zip(got["router"], got["direct"], strict=True):
         assert kind_a == kind_b
         assert {k: a.get(k) for k in SLO_KEYS} == {k: b.get(k) for k in SLO_KEYS}, kind_a
@@ -487,3 +489,28 @@ def test_check_says_which_dispatcher_each_group_uses(
     doc = json.loads(capsys.readouterr().out)
     assert doc["groups"]["fast"]["dispatch"]["dispatcher"] == "direct"
     assert doc["groups"]["limited"]["dispatch"]["dispatcher"] == "router"
+
+
+async def test_direct_attempts_never_register_litellm_hooks(
+    sim: ProviderSimulator, routers: list[ResilientRouter]
+) -> None:
+    """Retries, open breakers and guards included: the pick is the plugin's, so no attempt needs
+    the process-wide filter or pick hook (which cost every Router in the process while held)."""
+    from llm_resilience_plugin.events import AttemptRecord
+    from llm_resilience_plugin.routing import _hooks as module
+
+    def registered() -> tuple[bool, bool]:
+        return (
+            any(cb is module.PICK.hook for cb in litellm.input_callback),
+            any(cb is module.FILTER.hook for cb in litellm.callbacks),
+        )
+
+    rs = _routers([deployment(sim, "g", "a"), deployment(sim, "g", "b")])
+    routers.extend(rs.values())
+    r = rs["direct"]
+    seen: list[tuple[bool, bool]] = []
+    r.subscribe(lambda e: seen.append(registered()) if isinstance(e, AttemptRecord) else None)
+    sim.script("a", Fault.server_error(500))
+    sim.script("b", Fault.server_error(500))
+    await r.acompletion(model="g", messages=MSG)
+    assert len(seen) >= 3 and set(seen) == {(False, False)}  # two failures, then an answer
