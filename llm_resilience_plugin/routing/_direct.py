@@ -421,7 +421,8 @@ class DirectDispatcher:
                 call.stream, token, timeout_s, engine.policies[group].connect_timeout, kwargs
             ),
         )
-        limit = self._slot_limit(dep) if dep_id in self._limited else None
+        # get-or-create on every call, as the Router does: its cache entry may have expired
+        limit = self._slot_limit(dep, create=True) if dep_id in self._limited else None
         try:
             with AttemptWatchdog(bound):
                 if limit is not None:

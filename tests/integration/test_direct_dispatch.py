@@ -23,6 +23,8 @@ from tests.conftest import FAST_POLICY, MSG, deployment
 
 MODES = ("router", "direct")
 # Per-request values: ids and clocks, and the plugin's own attempt token.
+VOLATILE_HIDDEN = {"created_at", "_response_ms", "litellm_overhead_time_ms", "headers", "litellm_call_id"}
+VOLATILE_HIDDEN |= {"received_model_id"}  # the provider's response id
 VOLATILE_HEADERS = {"date", "llm_provider-date", "x-litellm-response-duration-ms"}
 
 
@@ -384,7 +386,9 @@ async def test_streams_give_the_same_chunks(
             async for chunk in stream:
                 d = chunk.model_dump()
                 d.pop("id"), d.pop("created")
-                got.append(d)
+                hidden = {k: v for k, v in chunk._hidden_params.items() if k not in VOLATILE_HIDDEN}
+                hidden["additional_headers"] = _normal_headers(hidden.get("additional_headers") or {})
+                got.append({**d, "_hidden_params": hidden})
             chunks[mode] = got
             (reqs[mode],) = sim.requests()
             report = stream.report
