@@ -22,6 +22,7 @@ Router): ``litellm.router_rust.invoke.shaping`` (``update_kwargs_with_deployment
 
 from __future__ import annotations
 
+import random
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -257,6 +258,13 @@ class DirectDispatcher:
             }
             self._deployments.setdefault(group, []).append(dep)
         self._group_size = {g: len(v) for g, v in self._deployments.items()}
+        # Groups where simple_shuffle has a weight to read; in the others (and with no per-request
+        # ``_router_weights``) it is ``random.choice``, which is called as is.
+        self._weighted = {
+            g
+            for g, deps in self._deployments.items()
+            if any(d["litellm_params"].get(m) for d in deps for m in ("weight", "rpm", "tpm"))
+        }
         for deps in self._deployments.values():
             for dep in deps:
                 if self._slot_limit(dep, create=True) is not None:
@@ -408,7 +416,12 @@ class DirectDispatcher:
         call = attempt.call
         group = attempt.group
         pool = attempt.select(self._deployments[group])  # the engine's filter (may raise CircuitOpenError)
-        dep = pool[0] if len(pool) == 1 else simple_shuffle(_no_alias, pool, group, kwargs)
+        if len(pool) == 1:
+            dep = pool[0]
+        elif group in self._weighted or "_router_weights" in kwargs:
+            dep = simple_shuffle(_no_alias, pool, group, kwargs)
+        else:
+            dep = random.choice(pool)  # simple_shuffle's own last line when nothing is weighted
         dep_id = deployment_id_of(dep)
         attempt.pick(dep_id)
         self.sent_direct += 1

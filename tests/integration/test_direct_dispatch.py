@@ -518,3 +518,15 @@ async def test_direct_attempts_never_register_litellm_hooks(
     sim.script("b", Fault.server_error(500))
     await r.acompletion(model="g", messages=MSG)
     assert len(seen) >= 3 and set(seen) == {(False, False)}  # two failures, then an answer
+
+
+async def test_unweighted_deployments_share_evenly(
+    sim: ProviderSimulator, routers: list[ResilientRouter]
+) -> None:
+    rs = _routers([deployment(sim, "g", "a"), deployment(sim, "g", "b")])
+    routers.extend(rs.values())
+    for r in rs.values():
+        sim.clear_log()
+        await asyncio.gather(*(r.acompletion(model="g", messages=MSG) for _ in range(200)))
+        share = Counter(rec.deployment for rec in sim.requests())["a"]
+        assert 65 <= share <= 135, share  # 100 expected; 5 sigma is about 35
