@@ -385,6 +385,9 @@ class DirectDispatcher:
         """Does this attempt go direct (its group is, and nothing at run time needs the Router)?"""
         if attempt.group not in self._deployments:
             return False
+        op = getattr(attempt.call, "operation", None) or getattr(attempt.call, "op", None)
+        if op not in _CHAT_OPS:
+            return False  # embeddings, text completion, responses, images: the Router (for now)
         if attempt.call.stream and attempt.group in self._limited_groups:
             return False  # the Router's slot rides along an open stream (FallbackAwareStreamWrapper)
         if kwargs and not self._clientside.isdisjoint(kwargs):
@@ -480,6 +483,17 @@ class DirectDispatcher:
     async def discard(self, result: Any) -> None:
         """Close a result nobody will read (the loser of a hedge)."""
         await self.via_router.discard(result)
+
+    def __getattr__(self, name: str) -> Any:
+        """Any other operation of the seam (one this dispatcher does not reproduce) is the
+        Router dispatcher's."""
+        if name.startswith("__") or name == "via_router":
+            raise AttributeError(name)
+        return getattr(self.via_router, name)
+
+
+# The operations a direct attempt reproduces (a call with no operation named is a chat completion).
+_CHAT_OPS = frozenset({None, "chat", "completion", "acompletion"})
 
 
 def _no_alias(model: str) -> str | None:
