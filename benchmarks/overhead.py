@@ -15,8 +15,12 @@ fine grain and each ratio compares neighbours in time, never one long round with
 - ``--instructions`` (needs valgrind): the client process is run under cachegrind for each system
   with two call counts; the difference is the instructions one call costs, independent of noise.
 
+- direct dispatch (issue 19): "resilient" is the default ResilientRouter (direct dispatch where it
+  is equivalent); the same run also pairs the bare Router with ResilientRouter(dispatch=router) and
+  with ``litellm.acompletion`` on a deployment's own params (the ceiling); ``--no-direct`` skips them.
+
     python benchmarks/overhead.py [--pairs 300] [--block 10] [--batches 400] [--concurrency 50]
-                                  [--instructions]
+                                  [--instructions] [--no-direct]
 """
 
 from __future__ import annotations
@@ -94,8 +98,16 @@ def build(kind: str, sim: Any) -> tuple[Any, Call]:
 
     if kind == "bare":
         router: Any = litellm.Router(model_list=model_list(sim), num_retries=0, disable_cooldowns=True)
-    else:
-        router = ResilientRouter(model_list=model_list(sim))
+    elif kind == "ceiling":  # litellm.acompletion with a deployment's own params: no router at all
+        deployments = [{**d["litellm_params"], "max_retries": 0} for d in model_list(sim)]
+
+        async def direct() -> Any:
+            return await litellm.acompletion(messages=MSG, **random.choice(deployments))
+
+        return None, direct
+    else:  # "resilient": the default dispatch (direct where equivalent); "resilient-router": the Router's
+        dispatch = {"resilient": "auto", "resilient-router": "router"}[kind]
+        router = ResilientRouter(model_list=model_list(sim), policy={"dispatch": dispatch})
 
     async def call() -> Any:
         return await router.acompletion(model="primary", messages=MSG)
@@ -218,7 +230,7 @@ async def _client(kind: str, calls: int, concurrency: int) -> None:
     try:
         router, call = build(kind, sim)
         await run_calls(call, calls, concurrency)
-        if kind == "resilient":
+        if kind.startswith("resilient"):
             router.close()
     finally:
         sim.stop()
@@ -266,6 +278,36 @@ def instructions(small: int, large: int, concurrency: int) -> dict[str, Any]:
 # -- main ------------------------------------------------------------------------------------------
 
 
+# Direct dispatch (issue 19): ResilientRouter / bare Router >= 1.2, with the Router dispatch and the
+# direct litellm.acompletion ceiling measured beside it against the same bare Router.
+DIRECT_TARGET = 1.2
+MORE = {"router dispatch": "resilient-router", "litellm.acompletion ceiling": "ceiling"}
+
+
+async def compare_more(sim: Any, bare: Call, args: argparse.Namespace) -> dict[str, Any]:
+    """Each of :data:`MORE` against the bare Router, paired (ABBA) like the main rows."""
+    out: dict[str, Any] = {}
+    for label, kind in MORE.items():
+        router, call = build(kind, sim)
+        await run_calls(call, 100, args.concurrency)
+        pair = {"bare": bare, "resilient": call}
+        out[f"sequential [{label}]"] = await sequential(pair, args.pairs, args.block)
+        out[f"{args.concurrency}-concurrent [{label}]"] = await concurrent(
+            pair, args.batches, args.batch or args.concurrency, args.concurrency
+        )
+        if router is not None:
+            router.close()
+    return out
+
+
+def direct_verdict(ratio: float, ci: list[float]) -> str:
+    if ci[0] >= DIRECT_TARGET:
+        return "meets 1.2"
+    if ci[1] < DIRECT_TARGET:
+        return "misses 1.2"
+    return "inconclusive (interval spans 1.2)"
+
+
 def verdict(ratio: float, ci: list[float] | None = None) -> str:
     if ci is None:
         return "meets the budget" if ratio >= TARGET else "misses the budget"
@@ -291,6 +333,8 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         if args.observability:  # instrumentation off / not installed / on (_overhead_observability.py)
             rows = await observability_rows(model_list(sim), args.observability, args.block)
             results["observability"] = rows
+        if args.direct:  # the same run: the Router dispatch and the litellm.acompletion ceiling
+            results.update(await compare_more(sim, systems["bare"], args))
         return results
     finally:
         sim.stop()
@@ -307,6 +351,12 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=0, help="calls per batch (default: = concurrency)")
     ap.add_argument("--concurrency", type=int, default=50)
     ap.add_argument("--instructions", action="store_true", help="also count instructions (valgrind)")
+    ap.add_argument(
+        "--no-direct",
+        dest="direct",
+        action="store_false",
+        help="skip the router-dispatch and litellm.acompletion-ceiling rows",
+    )
     ap.add_argument("--out", default="benchmarks/results/overhead.json")
     ap.add_argument("--observability", type=int, default=0, metavar="PAIRS", help="observability rows")
     args = ap.parse_args()
@@ -336,6 +386,12 @@ def main() -> None:
         )
     seq = results["sequential"]
     conc = results[f"{args.concurrency}-concurrent"]
+    for label in ("sequential", f"{args.concurrency}-concurrent"):
+        r = results[label]
+        print(
+            f"\ndirect dispatch target, {label}: ResilientRouter / bare Router {r['ratio']:.3f} "
+            f"({r['ci95'][0]:.3f}-{r['ci95'][1]:.3f}): {direct_verdict(r['ratio'], r['ci95'])}"
+        )
     print(
         f"\nsequential, all calls (ratio of summed times): {seq['all_calls_ratio']:.3f} "
         f"({seq['all_calls_ci95'][0]:.3f}-{seq['all_calls_ci95'][1]:.3f}); "

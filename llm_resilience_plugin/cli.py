@@ -98,8 +98,9 @@ def _provider_problems(model_list: Any) -> list[Problem]:
     return problems
 
 
-def _build(spec: Any) -> tuple[Any, list[Problem]]:
-    """Build the router (and the cost guard, on a memory ledger) offline, as ``from_config`` would."""
+def _build(spec: Any) -> tuple[Any, list[Problem], dict[str, Any]]:
+    """Build the router (and the cost guard, on a memory ledger) offline, as ``from_config`` would;
+    also which dispatcher each group uses and why."""
     from llm_resilience_plugin.cost import cost_guard_from_config
     from llm_resilience_plugin.routing import ResilientRouter
 
@@ -116,17 +117,20 @@ def _build(spec: Any) -> tuple[Any, list[Problem]]:
         field = (
             e.field if e.field.startswith(("cost", "model_list", "router_settings")) else f"cost.{e.field}"
         )
-        return guard, [Problem(field, e.message)]
+        return guard, [Problem(field, e.message)], {}
     except Exception as e:
         first = (str(e).strip().splitlines() or [""])[0]
-        return guard, [
-            Problem("model_list", f"litellm.Router refused the config: {type(e).__name__}: {first}")
-        ]
+        return (
+            guard,
+            [Problem("model_list", f"litellm.Router refused the config: {type(e).__name__}: {first}")],
+            {},
+        )
+    dispatch = router.dispatch_plan()
     router.close()
-    return guard, []
+    return guard, [], dispatch
 
 
-def _describe(spec: Any, guard: Any) -> dict[str, Any]:
+def _describe(spec: Any, guard: Any, dispatch: dict[str, Any] | None = None) -> dict[str, Any]:
     """The effective policy per group, and the cost section, as plain data (no secret)."""
     out: dict[str, Any] = {"groups": {}, "cost": None}
     for group in spec.groups:
@@ -145,6 +149,7 @@ def _describe(spec: Any, guard: Any) -> dict[str, Any]:
             "context_window_fallbacks": spec.context_window_fallbacks.get(group, []),
             "content_policy_fallbacks": spec.content_policy_fallbacks.get(group, []),
             "policy": spec.policy.for_group(group).model_dump(mode="json"),
+            "dispatch": (dispatch or {}).get(group),
         }
     if guard is not None:
         out["cost"] = {
@@ -168,6 +173,8 @@ def _print_policy(path: str, spec: Any, out: dict[str, Any]) -> None:
             print(f"  deployment {d['id']}: {d['model']} @ {d['api_base'] or 'provider default'}")
         print(f"  fallbacks: {g['fallbacks'] or '-'}; context window: {g['context_window_fallbacks'] or '-'}")
         print(f"  deadline {p['deadline']}s, attempt timeout {p['attempt_timeout']}s")
+        if g.get("dispatch"):
+            print(f"  dispatch: {g['dispatch']['dispatcher']} ({g['dispatch']['reason']})")
         b = p["breaker"]
         print(f"  breaker: fail_max {b['fail_max']}, reset_timeout {b['reset_timeout']}s")
         for cls, cp in p["classes"].items():
@@ -193,13 +200,14 @@ def _check(path: str, as_json: bool) -> int:
         problems += _provider_problems(raw.get("model_list"))
     errors = [p for p in problems if p.severity == "error"]
     guard: Any = None
+    dispatch: dict[str, Any] = {}
     out: dict[str, Any] = {"groups": {}, "cost": None}
     if not errors and spec is not None:
-        guard, built = _build(spec)
+        guard, built, dispatch = _build(spec)
         problems += built
         errors += built
     if not errors and spec is not None:
-        out = _describe(spec, guard)
+        out = _describe(spec, guard, dispatch)
     if guard is not None:
         guard.close()
     warnings = len(problems) - len(errors)

@@ -307,6 +307,12 @@ class ResiliencePolicy(Model):
     # Exporters turned on when the router is built (policy/_observability.py); None: only an
     # explicit instrument(router) call does.
     observability: ObservabilityPolicy | None = None
+    dispatch: Literal["auto", "router", "direct"] = Field(
+        default="auto",
+        description="How attempts are sent: 'direct' through litellm.acompletion with the arguments "
+        "the Router would send (refused for a group where that is not proven equivalent), 'router' "
+        "through litellm.Router, 'auto' direct wherever equivalent (see `llm-resilience check`).",
+    )
 
     @model_validator(mode="after")
     def _fill_classes(self) -> ResiliencePolicy:

@@ -62,6 +62,7 @@ from llm_resilience_plugin.policy import (
     load_config,
     spec_from_mapping,
 )
+from llm_resilience_plugin.routing._direct import dispatcher_for
 from llm_resilience_plugin.routing._dispatch import RouterDispatcher
 from llm_resilience_plugin.routing._shared import SharedWiring
 from llm_resilience_plugin.routing._streams import ResilientStream, StaticStream, SyncResilientStream
@@ -263,7 +264,12 @@ class ResilientRouter:
             bucket_for=wiring.bucket_for if wiring.shared is not None else None,
             shared_breakers=wiring.wanted,
         )
-        engine.dispatcher = RouterDispatcher(self._router, engine)
+        # Direct dispatch where it is proven equivalent to the Router for this config (policy
+        # ``dispatch``); the Router's dispatcher serves every other group and operation.
+        via_router = RouterDispatcher(self._router, engine)
+        engine.dispatcher, self._dispatch_plan = dispatcher_for(
+            self._router, engine, via_router, spec.router_settings, spec.policy.dispatch
+        )
         self.guards = engine.guards
         self.events = engine.events
         if self.shared_state is not None:
@@ -311,6 +317,10 @@ class ResilientRouter:
         if group is None:
             return list(engine.deployments.values())
         return [engine.deployments[i] for i in engine.group_deployments.get(group, [])]
+
+    def dispatch_plan(self) -> dict[str, dict[str, str]]:
+        """Per model group, the dispatcher its attempts use (``direct`` or ``router``) and why."""
+        return {g: {"dispatcher": p.dispatcher, "reason": p.reason} for g, p in self._dispatch_plan.items()}
 
     def breakers(self) -> dict[str, dict[str, Any]]:
         """State per deployment id: state, fail_counter, generation, probes in flight, retry_at."""

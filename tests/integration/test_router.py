@@ -599,7 +599,7 @@ async def test_hooks_are_registered_only_while_an_attempt_needs_them(make_router
             any(cb is module.FILTER.hook for cb in litellm.callbacks),
         )
 
-    router = make_router({"primary": ["a", "b"]})
+    router = make_router({"primary": ["a", "b"]}, policy={"dispatch": "router"})  # the Router's hooks
     seen: list[tuple[bool, bool]] = []
     router.subscribe(lambda e: seen.append(registered()) if isinstance(e, AttemptRecord) else None)
     resp = await router.acompletion(model="primary", messages=MSG)
