@@ -79,6 +79,7 @@ def _after_exhausted(
         and not walk.trimmed
         and failure.error_class is ErrorClass.CONTEXT_WINDOW
         and degradation.trim_context_on_overflow
+        and call.operation == "completion"  # only chat messages can be trimmed
     ):
         smaller = _trimmed(engine, walk.group, walk.messages, walk.kwargs, failure, degradation)
         if smaller is not None:
@@ -88,7 +89,9 @@ def _after_exhausted(
             return _AGAIN
     if nxt is None:
         static = (
-            _static_answer(engine, call, walk.requested, failure, walk.messages) if engine.degrades else None
+            _static_answer(engine, call, walk.requested, failure, walk.messages)
+            if engine.degrades and call.operation == "completion"  # a static answer is a chat reply
+            else None
         )
         if static is not None:
             finish(engine, call, static, None, group=None, level=walk.level)
