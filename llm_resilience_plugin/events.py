@@ -68,6 +68,7 @@ class AttemptInfo:
     metadata: Mapping[str, Any]
     stream: bool
     idempotency_key: str | None = None
+    operation: str = "completion"  # LiteLLM's call; ``messages`` is its payload when not chat
 
 
 class AttemptGuard(Protocol):

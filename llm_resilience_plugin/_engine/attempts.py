@@ -208,6 +208,7 @@ def guard_before(
         metadata=dict(kwargs.get("metadata") or {}),
         stream=call.stream,
         idempotency_key=call.report.idempotency_key,
+        operation=call.operation,
     )
     for guard in engine.guards:
         actx.guard_tokens.append((guard, guard.before_attempt(info)))
