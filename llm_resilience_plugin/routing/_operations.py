@@ -290,6 +290,14 @@ class EndpointsMixin:
         """Blocking twin of :meth:`aresponses` (a stream is a blocking iterator)."""
         return self._blocking(self.aresponses(model, input, stream=stream, **kwargs), stream)
 
+    def check_call(self, operation: str, group: str) -> None:
+        """Raise a ConfigError unless ``group`` (and its fallbacks) can serve ``operation``
+        (``"embedding"``, ``"text_completion"``, ``"image_generation"`` or ``"responses"``)."""
+        if operation not in MODES:
+            raise ConfigError("operation", f"expected one of {sorted(MODES)}, got {operation!r}")
+        self._check_group(group)
+        self._check_modes(operation, group)
+
     # -- shared steps -----------------------------------------------------------------------------
 
     def _blocking(self, coro: Any, stream: bool) -> Any:
