@@ -16,7 +16,7 @@ fine grain and each ratio compares neighbours in time, never one long round with
   with two call counts; the difference is the instructions one call costs, independent of noise.
 
     python benchmarks/overhead.py [--pairs 300] [--block 10] [--batches 400] [--concurrency 50]
-                                  [--instructions]
+                                  [--embedding-pairs 150] [--instructions]
 """
 
 from __future__ import annotations
@@ -40,8 +40,10 @@ from llm_resilience_plugin import ResilientRouter
 
 try:  # run as a script (python benchmarks/x.py) or imported as benchmarks.x
     from _common import pct, write_json
+    from _overhead_embeddings import embeddings_row
 except ImportError:  # pragma: no cover
     from benchmarks._common import pct, write_json
+    from benchmarks._overhead_embeddings import embeddings_row
 
 MSG = [{"role": "user", "content": "Say hello in five words."}]
 TARGET = 0.97  # the issue's budget: at most 3 % lower throughput than the bare Router
@@ -284,6 +286,10 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             systems, args.batches, args.batch or args.concurrency, args.concurrency
         )
         built["resilient"][0].close()
+        if args.embedding_pairs:  # aembedding, both systems in this run (_overhead_embeddings.py)
+            results["embeddings, sequential"] = await embeddings_row(
+                sim, args.embedding_pairs, args.block, sequential, run_calls
+            )
         return results
     finally:
         sim.stop()
@@ -299,6 +305,7 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=400, help="concurrent batch pairs")
     ap.add_argument("--batch", type=int, default=0, help="calls per batch (default: = concurrency)")
     ap.add_argument("--concurrency", type=int, default=50)
+    ap.add_argument("--embedding-pairs", type=int, default=150, help="embedding block pairs (0: skip)")
     ap.add_argument("--instructions", action="store_true", help="also count instructions (valgrind)")
     ap.add_argument("--out", default="benchmarks/results/overhead.json")
     args = ap.parse_args()
