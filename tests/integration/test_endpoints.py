@@ -282,3 +282,24 @@ async def test_idempotency_store_replays_an_embedding_with_its_type(build, sim):
     assert sim.count("a") == 1
     assert isinstance(again, litellm.EmbeddingResponse) and get_report(again).replayed  # type: ignore[union-attr]
     assert again.data[0]["embedding"] == first.data[0]["embedding"]
+
+
+@pytest.mark.parametrize("operation", ["text_completion", "responses"])
+async def test_a_stream_cut_after_content_is_interrupted_or_restarted_elsewhere(build, sim, operation):
+    from llm_resilience_plugin.errors import StreamInterruptedError
+    from llm_resilience_plugin.events import StreamRestart
+
+    router = build(operation, {"g": ["a"], "backup": ["b"]}, fallbacks=[{"g": ["backup"]}])
+    call = call_for(router, operation)
+    sim.script("a", Fault.stream_cut(after_chunks=3))
+    stream = await call("g", stream=True, recover_streams=False)
+    with pytest.raises(StreamInterruptedError) as ei:
+        _ = [c async for c in stream]
+    assert ei.value.partial_text.startswith("Hello from")
+    sim.script("a", Fault.stream_cut(after_chunks=3))
+    stream = await call("g", stream=True, recover_streams=True)
+    items = [c async for c in stream]
+    markers = [c for c in items if isinstance(c, StreamRestart)]
+    assert len(markers) == 1 and markers[0].discarded_text.startswith("Hello from a")
+    assert stream.report.outcome == "success" and stream.report.stream_restarts == 1
+    assert stream.report.served_group == "backup" or get_report(stream).deployment_id == "b"  # type: ignore[union-attr]
