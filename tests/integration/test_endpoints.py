@@ -303,3 +303,17 @@ async def test_a_stream_cut_after_content_is_interrupted_or_restarted_elsewhere(
     assert len(markers) == 1 and markers[0].discarded_text.startswith("Hello from a")
     assert stream.report.outcome == "success" and stream.report.stream_restarts == 1
     assert stream.report.served_group == "backup" or get_report(stream).deployment_id == "b"  # type: ignore[union-attr]
+
+
+async def test_a_degradation_level_never_adds_max_tokens_to_an_embedding(build, sim):
+    router = build(
+        "embedding",
+        {"g": ["a"], "backup": ["b"]},
+        fallbacks=[{"g": ["backup"]}],
+        policy={"degradation": {"levels": {1: {"max_tokens": 10}}}},
+    )
+    sim.outage("a", 60)
+    resp = await router.aembedding(model="g", input="x")
+    assert get_report(resp).served_group == "backup"  # type: ignore[union-attr]
+    (record,) = sim.requests("b")
+    assert "max_tokens" not in record.body
