@@ -16,8 +16,7 @@ from litellm.types.llms.openai import ResponsesAPIResponse
 from llm_resilience_plugin import BudgetExceededError, ConfigError, ResilientRouter, get_report
 from llm_resilience_plugin.cost import Budget, CostGuard
 from llm_resilience_plugin.errors import ErrorClass
-from llm_resilience_plugin.testing import Clock, FakeClock, Fault, ProviderSimulator
-from llm_resilience_plugin.testing._endpoints import embedding_vector
+from llm_resilience_plugin.testing import Clock, FakeClock, Fault, ProviderSimulator, embedding_vector
 
 from ..conftest import FAST_POLICY, _merge
 

@@ -10,8 +10,7 @@ import struct
 import httpx
 import pytest
 
-from llm_resilience_plugin.testing import Fault, ProviderSimulator
-from llm_resilience_plugin.testing._endpoints import embedding_vector
+from llm_resilience_plugin.testing import Fault, ProviderSimulator, embedding_vector
 
 BODIES = {
     "embeddings": {"model": "m", "input": ["a", "b"]},
