@@ -67,12 +67,12 @@ def embedding_batch_limit(params: Mapping[str, Any]) -> int | None:
     return _whole(params.get("max_embedding_batch_size"))
 
 
-def _check_text(where: str, value: Any, *, empty_ok: bool = False) -> None:
+def _check_text(where: str, value: Any) -> None:
     if isinstance(value, bytes | bytearray):
         raise ConfigError(where, "is bytes; pass text (str), e.g. value.decode('utf-8')")
     if not isinstance(value, str):
         raise ConfigError(where, f"expected text, got {type(value).__name__}")
-    if not value and not empty_ok:
+    if not value:
         raise ConfigError(where, "is an empty string; providers refuse empty inputs")
     try:
         value.encode("utf-8")
