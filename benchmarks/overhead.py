@@ -20,7 +20,7 @@ fine grain and each ratio compares neighbours in time, never one long round with
   with ``litellm.acompletion`` on a deployment's own params (the ceiling); ``--no-direct`` skips them.
 
     python benchmarks/overhead.py [--pairs 300] [--block 10] [--batches 400] [--concurrency 50]
-                                  [--instructions] [--no-direct]
+                                  [--embedding-pairs 150] [--instructions] [--no-direct]
 """
 
 from __future__ import annotations
@@ -44,8 +44,10 @@ from llm_resilience_plugin import ResilientRouter
 
 try:  # run as a script (python benchmarks/x.py) or imported as benchmarks.x
     from _common import pct, write_json
+    from _overhead_embeddings import embeddings_row
 except ImportError:  # pragma: no cover
     from benchmarks._common import pct, write_json
+    from benchmarks._overhead_embeddings import embeddings_row
 try:
     from _overhead_observability import observability_rows, print_rows
 except ImportError:  # pragma: no cover
@@ -335,6 +337,10 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             results["observability"] = rows
         if args.direct:  # the same run: the Router dispatch and the litellm.acompletion ceiling
             results.update(await compare_more(sim, systems["bare"], args))
+        if args.embedding_pairs:  # aembedding, both systems in this run (_overhead_embeddings.py)
+            results["embeddings, sequential"] = await embeddings_row(
+                sim, args.embedding_pairs, args.block, sequential, run_calls
+            )
         return results
     finally:
         sim.stop()
@@ -350,6 +356,7 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=400, help="concurrent batch pairs")
     ap.add_argument("--batch", type=int, default=0, help="calls per batch (default: = concurrency)")
     ap.add_argument("--concurrency", type=int, default=50)
+    ap.add_argument("--embedding-pairs", type=int, default=150, help="embedding block pairs (0: skip)")
     ap.add_argument("--instructions", action="store_true", help="also count instructions (valgrind)")
     ap.add_argument(
         "--no-direct",

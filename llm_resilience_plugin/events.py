@@ -68,6 +68,7 @@ class AttemptInfo:
     metadata: Mapping[str, Any]
     stream: bool
     idempotency_key: str | None = None
+    operation: str = "completion"  # LiteLLM's call; ``messages`` is its payload when not chat
 
 
 class AttemptGuard(Protocol):
@@ -134,9 +135,10 @@ class CallStarted:
     metadata: dict[str, Any]
     tags: list[str]
     messages: Any = None
+    operation: str = "completion"  # LiteLLM's call: completion (chat), embedding, responses, ...
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "call_id": self.call_id,
             "requested_group": self.requested_group,
             "stream": self.stream,
@@ -144,6 +146,9 @@ class CallStarted:
             "metadata": self.metadata,
             "tags": self.tags,
         }
+        if self.operation != "completion":
+            out["operation"] = self.operation
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,10 +343,18 @@ def usage_of(obj: Any) -> dict[str, int] | None:
     )
     if usage is None:
         return None
+    raw = usage
+
+    def get(name: str) -> Any:
+        return raw.get(name) if isinstance(raw, dict) else getattr(raw, name, None)
+
+    prompt, completion = get("prompt_tokens"), get("completion_tokens")
+    if prompt is None and completion is None:  # the Responses API's names
+        prompt, completion = get("input_tokens"), get("output_tokens")
     return {
-        "prompt_tokens": int(getattr(usage, "prompt_tokens", 0) or 0),
-        "completion_tokens": int(getattr(usage, "completion_tokens", 0) or 0),
-        "total_tokens": int(getattr(usage, "total_tokens", 0) or 0),
+        "prompt_tokens": int(prompt or 0),
+        "completion_tokens": int(completion or 0),
+        "total_tokens": int(get("total_tokens") or 0),
     }
 
 

@@ -212,6 +212,7 @@ def guard_before(
         metadata=dict(kwargs.get("metadata") or {}),
         stream=call.stream,
         idempotency_key=call.report.idempotency_key,
+        operation=call.operation,
     )
     tokens: list[tuple[Any, Any]] = []
     actx.guard_tokens = tokens  # a guard raising leaves the earlier ones' tokens to settle

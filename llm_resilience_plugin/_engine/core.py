@@ -232,6 +232,7 @@ class CallState:
     out_of_time: bool = False  # a retry or fallback was given up because it would not fit
     served: Served | None = None  # the last answer, as its attempt read it
     context: Any = None  # what the dispatcher needs for this call (e.g. a LangChain run's config)
+    operation: str = "completion"  # which LiteLLM call each attempt makes (see _engine.dispatch)
 
 
 def next_route(

@@ -3,11 +3,32 @@
 The engine decides where and when; a :class:`Dispatcher` makes exactly one attempt and reports
 which deployment served it. Today's dispatcher is the wrapped ``litellm.Router``
 (:mod:`llm_resilience_plugin.routing`); tests and other endpoints plug in their own.
+
+**Operations.** A call is one *operation* (``CallState.operation``), named after LiteLLM's
+function without the ``a``: ``"completion"`` (chat, the default), ``"embedding"``,
+``"text_completion"``, ``"image_generation"`` or ``"responses"``. The engine is the same for all
+of them: what it calls ``messages`` is the operation's payload, sent as the keyword
+``PAYLOAD_KEYS[operation]`` (``messages``, ``input`` or ``prompt``). A dispatcher sends an
+attempt with LiteLLM's function for ``attempt.call.operation`` (``Router.aembedding`` for
+``"embedding"``, ``litellm.aembedding`` for a direct dispatcher) and raises a ConfigError for an
+operation it cannot send. ``STREAMING_OPERATIONS`` are the ones whose ``stream=True`` LiteLLM
+streams.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
+
+# The operations and the keyword that carries each one's payload (the engine's ``messages``).
+PAYLOAD_KEYS: dict[str, str] = {
+    "completion": "messages",
+    "embedding": "input",
+    "text_completion": "prompt",
+    "image_generation": "prompt",
+    "responses": "input",
+}
+CHAT = "completion"
+STREAMING_OPERATIONS = frozenset({"completion", "text_completion", "responses"})
 
 if TYPE_CHECKING:
     from llm_resilience_plugin._engine.attempt import AttemptContext

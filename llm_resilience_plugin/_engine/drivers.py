@@ -59,6 +59,9 @@ class _Walk:
         self.tried = [self.requested]
 
 
+# Operations whose kwargs a degradation level may change (max_tokens, tools).
+_TOKEN_LIMITED = frozenset({"completion", "text_completion"})
+
 # What _after_exhausted returns when the walk goes on (anything else is the call's answer).
 _AGAIN: Any = object()
 
@@ -79,6 +82,7 @@ def _after_exhausted(
         and not walk.trimmed
         and failure.error_class is ErrorClass.CONTEXT_WINDOW
         and degradation.trim_context_on_overflow
+        and call.operation == "completion"  # only chat messages can be trimmed
     ):
         smaller = _trimmed(engine, walk.group, walk.messages, walk.kwargs, failure, degradation)
         if smaller is not None:
@@ -88,7 +92,9 @@ def _after_exhausted(
             return _AGAIN
     if nxt is None:
         static = (
-            _static_answer(engine, call, walk.requested, failure, walk.messages) if engine.degrades else None
+            _static_answer(engine, call, walk.requested, failure, walk.messages)
+            if engine.degrades and call.operation == "completion"  # a static answer is a chat reply
+            else None
         )
         if static is not None:
             finish(engine, call, static, None, group=None, level=walk.level)
@@ -225,7 +231,8 @@ def _trimmed(
 def _degrade_for_level(
     engine: Engine, call: CallState, level_policy: Any, kwargs: dict[str, Any], level: int
 ) -> dict[str, Any]:
-    out, changes = apply_level(kwargs, level_policy)
+    # max_tokens and tools exist on chat and text completions only; the deadline cap is for all.
+    out, changes = apply_level(kwargs, level_policy) if call.operation in _TOKEN_LIMITED else (kwargs, [])
     if level_policy is not None and level_policy.deadline is not None:
         capped = engine.clock.monotonic() + level_policy.deadline
         if capped < call.deadline.expires_at:

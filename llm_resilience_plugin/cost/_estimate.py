@@ -90,8 +90,13 @@ class CostEstimator:
     def bind_router(self, router: ResilientRouter) -> None:
         """Price every deployment of ``router`` now (``ConfigError`` for an unknown price under
         ``unknown_model="error"``) and let the LangChain handler map its group names to them."""
+        from llm_resilience_plugin.cost._operations import image_price
+
         for d in router.deployments():
-            self.prices.for_deployment(d)
+            if (d.params or {}).get("mode") == "image_generation":
+                image_price(d, None, None)  # priced per image, not per token
+            else:
+                self.prices.for_deployment(d)
         self._router = router
 
     def count_prompt_tokens(
@@ -127,7 +132,7 @@ class CostEstimator:
             return math.ceil(len(raw) / 3) + 8
 
     def _output_tokens(self, max_tokens: Any, n: Any, price: Price, model: str | None) -> int:
-        if is_number(max_tokens) and max_tokens > 0:
+        if is_number(max_tokens) and max_tokens >= 0:  # 0: no output (embeddings, images)
             out = int(max_tokens)
         elif self.default_max_tokens is not None:
             out = self.default_max_tokens

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from llm_resilience_plugin.cost._estimate import CostEstimator
+from llm_resilience_plugin.cost._operations import PER_IMAGE, images_made, reserve_arguments
 from llm_resilience_plugin.cost._prices import Candidate, is_number
 from llm_resilience_plugin.cost._tickets import Ticket
 from llm_resilience_plugin.errors import ConfigError, Failure
@@ -124,6 +125,23 @@ class RouterHooks:
         if max_tokens is None:
             max_tokens = kwargs.get("max_completion_tokens")
         run_id = md.get("run_id") or md.get("root_run_id")
+        if info.operation != "completion":  # embeddings, text completions, images, Responses
+            args = reserve_arguments(
+                info.operation,
+                info.messages,
+                kwargs,
+                info.deployments,
+                lambda: self.candidates_for_deployments(info.deployments),
+            )
+            return self.reserve(
+                args.pop("candidates"),
+                **args,
+                metadata=md,
+                tags=tags if isinstance(tags, list | tuple) else None,
+                request_id=info.call_id,
+                run_id=str(run_id) if run_id else None,
+                model_group=info.model_group,
+            )
         return self.reserve(
             self.candidates_for_deployments(info.deployments),
             messages=info.messages,
@@ -160,6 +178,8 @@ class RouterHooks:
             return
         reported = (hidden_params_of(response) or {}).get("response_cost")
         pt, ct = token_usage(response, usage)
+        if token.fallback_price.source == PER_IMAGE:  # priced per image, not per token
+            pt, ct = images_made(response), 0
         self.settle(
             token,
             cost=reported if is_number(reported) else None,

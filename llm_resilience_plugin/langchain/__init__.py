@@ -1,5 +1,5 @@
-"""LangChain surface: :class:`ResilientChatModel`, :func:`resilient` / :class:`ResilientRunnable`
-and the cost-guard and structured-log callback handlers.
+"""LangChain surface: :class:`ResilientChatModel`, :class:`ResilientEmbeddings`, :func:`resilient` /
+:class:`ResilientRunnable` and the cost-guard and structured-log callback handlers.
 
 ``ResilientChatModel`` is a ``BaseChatModel`` over one model group of a
 :class:`~llm_resilience_plugin.ResilientRouter`; ``resilient(runnable)`` puts the same error
@@ -13,12 +13,14 @@ from llm_resilience_plugin import _env  # noqa: F401  (before litellm is importe
 from llm_resilience_plugin.langchain._bridge import EVENT_PREFIX
 from llm_resilience_plugin.langchain._callbacks import CostGuardCallbackHandler, StructuredLogCallbackHandler
 from llm_resilience_plugin.langchain._chat_model import ResilientChatModel
+from llm_resilience_plugin.langchain._embeddings import ResilientEmbeddings
 from llm_resilience_plugin.langchain._runnable import ResilientRunnable, resilient
 
 __all__ = [
     "EVENT_PREFIX",
     "CostGuardCallbackHandler",
     "ResilientChatModel",
+    "ResilientEmbeddings",
     "ResilientRunnable",
     "StructuredLogCallbackHandler",
     "resilient",

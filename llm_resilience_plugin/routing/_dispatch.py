@@ -13,6 +13,7 @@ import httpx
 import litellm
 
 from llm_resilience_plugin._engine.attempt import AttemptContext
+from llm_resilience_plugin._engine.dispatch import CHAT, PAYLOAD_KEYS
 from llm_resilience_plugin._engine.engine import Engine, served_deployment
 from llm_resilience_plugin._engine.watchdog import AttemptWatchdog
 from llm_resilience_plugin.events import CallReport, attach_report, fill_from_response, usage_of
@@ -20,12 +21,28 @@ from llm_resilience_plugin.routing._hooks import ATTEMPTS, FILTER, META_KEY, PIC
 from llm_resilience_plugin.routing._streams import ResilientStream, StaticStream, discard, prefetch_stream
 
 
+class NoSdkRetries(int):
+    """Zero SDK retries that survive LiteLLM's ``max_retries or DEFAULT_MAX_RETRIES``: its OpenAI
+    embedding path (``llms/openai/openai.py``, litellm 1.110) turns a plain 0 into 2, so one
+    embedding attempt would be up to three requests. Truthy, equal to 0."""
+
+    def __new__(cls) -> NoSdkRetries:
+        return super().__new__(cls, 0)
+
+    def __bool__(self) -> bool:
+        return True
+
+
+NO_SDK_RETRIES = NoSdkRetries()
+
+
 def _forget(token: str) -> None:
     ATTEMPTS.pop(token, None)
 
 
 class RouterDispatcher:
-    """Sends an attempt as ``litellm.Router.acompletion`` for the attempt's model group."""
+    """Sends an attempt as ``litellm.Router.acompletion`` for the attempt's model group (or the
+    Router's function for the call's operation: ``aembedding``, ``aresponses``, ...)."""
 
     def __init__(self, router: litellm.Router, engine: Engine) -> None:
         self.router = router
@@ -33,14 +50,25 @@ class RouterDispatcher:
         self._timeouts: dict[tuple[float, float], httpx.Timeout] = {}
 
     def attempt_kwargs(
-        self, stream: bool, token: str, timeout: float, connect: float | None, kwargs: Mapping[str, Any]
+        self,
+        stream: bool,
+        token: str,
+        timeout: float,
+        connect: float | None,
+        kwargs: Mapping[str, Any],
+        operation: str = CHAT,
     ) -> dict[str, Any]:
         """LiteLLM's kwargs for one attempt: the attempt token in metadata, the timeouts, usage."""
-        out = {k: v for k, v in kwargs.items() if k != "metadata"}
-        md = dict(kwargs.get("metadata") or {})
+        # LiteLLM's Responses path keeps its routing metadata in ``litellm_metadata`` (``metadata``
+        # is the caller's, sent to the provider); every other path in ``metadata``.
+        field = "litellm_metadata" if operation == "responses" else "metadata"
+        out = {k: v for k, v in kwargs.items() if k != field}
+        md = dict(kwargs.get(field) or {})
         md[META_KEY] = token
-        out["metadata"] = md
-        if connect:
+        out[field] = md
+        if operation == "embedding":  # the Router's SDK retries are off on every other path
+            out["max_retries"] = NO_SDK_RETRIES
+        if connect and operation != "responses":  # LiteLLM's Responses path takes seconds only
             t = self._timeouts.get((timeout, connect))
             if t is None:
                 t = httpx.Timeout(timeout, connect=min(connect, timeout))
@@ -51,6 +79,8 @@ class RouterDispatcher:
             out["timeout"] = timeout
         if stream:
             out["stream"] = True
+            if operation == "responses":  # usage comes with response.completed
+                return out
             opts = dict(out.get("stream_options") or {})
             opts.setdefault("include_usage", True)
             out["stream_options"] = opts
@@ -86,16 +116,22 @@ class RouterDispatcher:
             attempt.cleanups.append(PICK.release)
         md: Mapping[str, Any] | None = None
         try:
+            op = call.operation
             attempt_kwargs = self.attempt_kwargs(
-                call.stream, token, timeout_s, engine.policies[attempt.group].connect_timeout, kwargs
+                call.stream, token, timeout_s, engine.policies[attempt.group].connect_timeout, kwargs, op
             )
-            md = attempt_kwargs["metadata"]
+            md = attempt_kwargs["litellm_metadata" if op == "responses" else "metadata"]
             with AttemptWatchdog(bound):  # the hard bound, if LiteLLM's timeout does not end it first
-                resp: Any = await self.router.acompletion(
-                    model=attempt.group,
-                    messages=messages,  # type: ignore[arg-type]
-                    **attempt_kwargs,
-                )
+                if op == CHAT:
+                    resp: Any = await self.router.acompletion(
+                        model=attempt.group,
+                        messages=messages,  # type: ignore[arg-type]
+                        **attempt_kwargs,
+                    )
+                else:  # the same attempt through the Router's function for the operation
+                    send = getattr(self.router, "a" + op)
+                    attempt_kwargs[PAYLOAD_KEYS[op]] = messages
+                    resp = await send(model=attempt.group, **attempt_kwargs)
                 if call.stream:
                     resp = await prefetch_stream(resp)
         except BaseException:

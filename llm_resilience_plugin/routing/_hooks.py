@@ -42,7 +42,8 @@ class FilterHook(CustomLogger):
         request_kwargs: dict[str, Any] | None = None,
         parent_otel_span: Any = None,
     ) -> list[dict[str, Any]]:
-        token = ((request_kwargs or {}).get("metadata") or {}).get(META_KEY)
+        kw = request_kwargs or {}
+        token = (kw.get("metadata") or {}).get(META_KEY) or (kw.get("litellm_metadata") or {}).get(META_KEY)
         ctx = ATTEMPTS.get(token) if token is not None else None
         if ctx is None:
             return healthy_deployments
@@ -56,6 +57,9 @@ class PickHook(CustomLogger):
         params = kwargs.get("litellm_params") or {}
         md = params.get("metadata") or {}
         token = md.get(META_KEY)
+        if token is None:  # LiteLLM's Responses path: its routing metadata is litellm_metadata
+            md = params.get("litellm_metadata") or kwargs.get("litellm_metadata") or {}
+            token = md.get(META_KEY) if isinstance(md, Mapping) else None
         ctx = ATTEMPTS.get(token) if token is not None else None
         if ctx is None:
             return

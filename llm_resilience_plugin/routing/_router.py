@@ -64,6 +64,7 @@ from llm_resilience_plugin.policy import (
 )
 from llm_resilience_plugin.routing._direct import dispatcher_for
 from llm_resilience_plugin.routing._dispatch import RouterDispatcher
+from llm_resilience_plugin.routing._operations import EndpointsMixin
 from llm_resilience_plugin.routing._shared import SharedWiring
 from llm_resilience_plugin.routing._streams import ResilientStream, StaticStream, SyncResilientStream
 
@@ -141,8 +142,11 @@ def _release(sync: SyncRunner) -> None:
     sync.close()
 
 
-class ResilientRouter:
+class ResilientRouter(EndpointsMixin):
     """LiteLLM's Router with tenacity retries, per-deployment breakers, fallbacks and deadlines.
+
+    Chat (``acompletion``) and, from :class:`EndpointsMixin`, ``aembedding``,
+    ``atext_completion``, ``aimage_generation`` and ``aresponses`` with their blocking twins.
 
     Build it from the same arguments as ``litellm.Router`` (``model_list``, ``fallbacks``,
     ``routing_strategy``, ...) plus ``policy``; or :meth:`from_config` a LiteLLM proxy YAML.
@@ -413,10 +417,13 @@ class ResilientRouter:
         listener: Listener | None,
         before_retry: BeforeRetry | None,
         kwargs: Mapping[str, Any],
+        operation: str = "completion",
     ) -> tuple[CallState, dict[str, Any]]:
-        """Validate the call (nothing is sent on bad input) and split plugin options from kwargs."""
+        """Validate the call (nothing is sent on bad input) and split plugin options from kwargs;
+        ``operation``: which LiteLLM call (its payload is checked by the caller when not chat)."""
         self._check_group(model)
-        validate_request(messages, kwargs)
+        if operation == "completion":
+            validate_request(messages, kwargs)
         if deadline is not None:
             deadline = positive_seconds("deadline", deadline)
         if kwargs and (not OPTION_KEYS.isdisjoint(kwargs) or "timeout" in kwargs):
@@ -435,12 +442,14 @@ class ResilientRouter:
                 self._shed_check(model, priority, tier, clean)
         call_id = f"{_CALL_PREFIX}{next(_CALL_IDS):x}"
         report = CallReport(call_id, model, stream, self.engine.clock.wall(), priority=priority)
+        keyed = model if operation == "completion" else f"{operation}:{model}"
         if opts.key is not None:
             report.idempotency_key = opts.key
         elif self._idem_store is not None:
-            report.idempotency_key = fingerprint(model, messages, clean)
-        else:  # hashed only if read (the list is copied: appending to it later changes nothing)
-            report.key_from(functools.partial(fingerprint, model, list(messages), clean))
+            report.idempotency_key = fingerprint(keyed, messages, clean)
+        else:  # hashed only if read (a list is copied: appending to it later changes nothing)
+            snapshot = list(messages) if isinstance(messages, list) else messages
+            report.key_from(functools.partial(fingerprint, keyed, snapshot, clean))
         budget_s = (
             deadline
             or (tier.deadline if tier and tier.deadline else None)
@@ -455,6 +464,7 @@ class ResilientRouter:
             before_retry=before_retry,
             opts=opts,
             tier=tier,
+            operation=operation,
         )
         if self.events.active:  # for observers (logs, metrics); a call's own listener sees attempts on
             md = clean.get("metadata")
@@ -466,7 +476,8 @@ class ResilientRouter:
                 report.idempotency_key,
                 safe_metadata(md if isinstance(md, Mapping) else None),
                 [str(x) for x in tags] if isinstance(tags, list | tuple) else [],
-                messages,
+                messages if operation == "completion" else None,  # chat messages only
+                operation,
             )
             self.events.emit(started)
         return ctx, clean
@@ -511,6 +522,7 @@ class ResilientRouter:
                 "deployment_id": r.deployment_id,
                 "call_id": r.call_id,
                 "stored_at": self.engine.clock.wall(),
+                "operation": ctx.operation,
             }
             if not r.degraded:
                 store.put(key, entry, self._idem_ttl)
@@ -520,7 +532,7 @@ class ResilientRouter:
             fut.set_result(entry)  # followers replay it, or (None) make their own call
 
     def _replay(self, ctx: CallState, entry: Mapping[str, Any]) -> Any:
-        resp = litellm.ModelResponse(**entry["response"])
+        resp = response_type(entry.get("operation", "completion"))(**entry["response"])
         r = ctx.report
         r.replayed = True
         r.outcome = "success"
@@ -539,6 +551,18 @@ class ResilientRouter:
         result = await walk_routes(self.engine, ctx, group, messages, kwargs)
         assert isinstance(result, ResilientStream | StaticStream)
         return result
+
+
+def response_type(operation: str) -> Any:
+    """LiteLLM's response class of an operation (a stored answer is replayed as one)."""
+    from litellm.types.llms.openai import ResponsesAPIResponse
+
+    return {
+        "embedding": litellm.EmbeddingResponse,
+        "text_completion": litellm.TextCompletionResponse,
+        "image_generation": litellm.ImageResponse,
+        "responses": ResponsesAPIResponse,
+    }.get(operation, litellm.ModelResponse)
 
 
 def get_report(obj: Any) -> CallReport | None:

@@ -19,23 +19,23 @@ from llm_resilience_plugin._engine.drivers import walk_routes
 from llm_resilience_plugin._engine.taxonomy import classify
 from llm_resilience_plugin._engine.watchdog import AttemptWatchdog
 from llm_resilience_plugin.errors import StreamInterruptedError
-from llm_resilience_plugin.events import CallReport, StreamRestart, hidden_params_of, usage_of
+from llm_resilience_plugin.events import CallReport, StreamRestart, hidden_params_of
+from llm_resilience_plugin.routing._chunks import (
+    chunk_finish,
+    chunk_has_payload,
+    chunk_has_tool_call,
+    chunk_model,
+    chunk_text,
+    chunk_usage,
+    is_usage_only,
+    set_chunk_text,
+)
 
 if TYPE_CHECKING:
     from llm_resilience_plugin._engine.attempt import AttemptContext
     from llm_resilience_plugin._engine.core import CallState
     from llm_resilience_plugin._engine.drivers import SyncRunner
     from llm_resilience_plugin._engine.engine import Engine
-
-
-def chunk_has_payload(chunk: Any) -> bool:
-    for choice in getattr(chunk, "choices", None) or []:
-        delta = getattr(choice, "delta", None)
-        if delta is not None and (getattr(delta, "content", None) or getattr(delta, "tool_calls", None)):
-            return True
-        if getattr(choice, "finish_reason", None):
-            return True
-    return False
 
 
 class Prefetched:
@@ -63,15 +63,6 @@ async def prefetch_stream(stream: Any) -> Prefetched:
             return Prefetched(stream, buffered, done=False)
 
 
-def _text_of(chunk: Any) -> str:
-    """The assistant text a chunk carries (choice 0)."""
-    for choice in getattr(chunk, "choices", None) or []:
-        delta = getattr(choice, "delta", None)
-        text = getattr(delta, "content", None) if delta is not None else None
-        return text if isinstance(text, str) else ""
-    return ""
-
-
 def usage_to_hidden_params(shown: Any, usage_chunk: Any) -> None:
     """Put a hidden usage-only chunk's usage where a plain Router stream keeps it when the caller
     did not ask for usage: the last chunk's ``_hidden_params["usage"]`` (read by
@@ -92,14 +83,14 @@ def _after_prefix(chunks: list[Any], skip: int) -> list[Any]:
     its tail); chunks without text (usage, finish) pass through."""
     out: list[Any] = []
     for chunk in chunks:
-        text = _text_of(chunk)
+        text = chunk_text(chunk)
         if skip <= 0 or not text:
             out.append(chunk)
             continue
         if len(text) <= skip:
             skip -= len(text)
             continue
-        chunk.choices[0].delta.content = text[skip:]
+        set_chunk_text(chunk, text[skip:])
         skip = 0
         out.append(chunk)
     return out
@@ -180,7 +171,7 @@ class ResilientStream:
             shown: Any = None
             for chunk in self._pre.buffered:
                 self._observe(chunk)
-                if self._hide_usage_chunk and not getattr(chunk, "choices", None):
+                if self._hide_usage_chunk and is_usage_only(chunk):
                     usage_to_hidden_params(shown, chunk)
                 else:
                     shown = chunk
@@ -198,7 +189,7 @@ class ResilientStream:
                     now = clock.monotonic()
                     self._max_gap, last = max(self._max_gap, now - last), now
                     self._observe(chunk)
-                    if self._hide_usage_chunk and not getattr(chunk, "choices", None):
+                    if self._hide_usage_chunk and is_usage_only(chunk):
                         usage_to_hidden_params(shown, chunk)
                         continue  # the usage-only last chunk the caller did not ask for
                     shown = chunk
@@ -260,6 +251,7 @@ class ResilientStream:
         )
         if (
             pol.continue_streams_with_prefill
+            and ctx.operation == "completion"  # assistant prefill is a chat message
             and self.partial_text
             and not self._saw_tools
             and not constrained
@@ -298,7 +290,7 @@ class ResilientStream:
             text = ""
             async for chunk in it:
                 held.append(chunk)
-                text += _text_of(chunk)
+                text += chunk_text(chunk)
                 if len(text) >= len(delivered) or not delivered.startswith(text):
                     break
             if text.startswith(delivered):
@@ -330,20 +322,19 @@ class ResilientStream:
         self._engine.emit(self._ctx, self.report)
 
     def _observe(self, chunk: Any) -> None:
-        for choice in getattr(chunk, "choices", None) or []:
-            delta = getattr(choice, "delta", None)
-            text = getattr(delta, "content", None) if delta is not None else None
-            if text:
-                self._parts.append(text)
-            if delta is not None and getattr(delta, "tool_calls", None):
-                self._saw_tools = True
-            if getattr(choice, "finish_reason", None):
-                self._finish_reason = choice.finish_reason
-        usage = usage_of(chunk)
+        text = chunk_text(chunk)
+        if text:
+            self._parts.append(text)
+        if chunk_has_tool_call(chunk):
+            self._saw_tools = True
+        finish = chunk_finish(chunk)
+        if finish:
+            self._finish_reason = finish
+        usage = chunk_usage(chunk)
         if usage is not None and usage["total_tokens"]:
             self.usage = usage
-        if self.report.served_model is None and getattr(chunk, "model", None):
-            self.report.served_model = chunk.model
+        if self.report.served_model is None:
+            self.report.served_model = chunk_model(chunk)
         cost = (hidden_params_of(chunk) or {}).get("response_cost")
         if isinstance(cost, int | float) and not isinstance(cost, bool):
             self.report.response_cost = float(cost)

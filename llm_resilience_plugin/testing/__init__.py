@@ -1,6 +1,7 @@
 """Offline testing: the fault-injecting provider simulator and a clock that sleeps instantly."""
 
 from llm_resilience_plugin._engine.clock import Clock, FakeClock
+from llm_resilience_plugin.testing._endpoints import embedding_vector
 from llm_resilience_plugin.testing._simulator import (
     Behavior,
     Fault,
@@ -17,6 +18,7 @@ __all__ = [
     "Fault",
     "ProviderSimulator",
     "RequestRecord",
+    "embedding_vector",
     "estimate_prompt_tokens",
     "estimate_tokens",
 ]

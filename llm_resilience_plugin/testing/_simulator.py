@@ -57,7 +57,10 @@ do not consume the scripted queue.
 Endpoints: ``POST /{deployment}/v1/chat/completions`` (the deployment is the first path
 segment), ``POST /v1/chat/completions`` and ``POST /chat/completions`` (the deployment is the
 body's ``model``), ``POST /{deployment}/chat/completions``, ``GET /{deployment}/v1/models``,
-``GET /v1/models`` and ``GET /health``.  Only chat requests are logged.  A body that is not a JSON
+``GET /v1/models`` and ``GET /health``; ``POST .../embeddings``, ``.../completions``,
+``.../images/generations`` and ``.../responses`` (same prefixes, same faults, see
+:mod:`._endpoints`; ``set_embedding_dimension(deployment, n)`` sets a deployment's vector length).
+Only model requests are logged.  A body that is not a JSON
 object with a ``messages`` list gets a plain 400 (logged with behavior ``"bad_request"``) without
 consuming any script.  Every chat response carries ``x-simulator-deployment: <deployment>``.
 
@@ -185,6 +188,7 @@ from types import FrameType, TracebackType
 from aiohttp import web
 
 from llm_resilience_plugin import _env
+from llm_resilience_plugin.testing._endpoints import OtherEndpoints
 from llm_resilience_plugin.testing._faults import Behavior, Fault
 from llm_resilience_plugin.testing._handlers import Endpoints
 from llm_resilience_plugin.testing._messages import estimate_prompt_tokens, estimate_tokens
@@ -219,6 +223,7 @@ class ProviderSimulator:
         self._bound_port: int | None = None
         self._state = SimulatorState()
         self._endpoints = Endpoints(self._state)
+        self._other = OtherEndpoints(self._state, self._endpoints.active)  # embeddings, images, ...
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
@@ -294,6 +299,7 @@ class ProviderSimulator:
     async def _setup(self) -> None:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         self._endpoints.add_routes(app)
+        self._other.add_routes(app)
         runner = web.AppRunner(
             app,
             access_log=None,
@@ -373,6 +379,10 @@ class ProviderSimulator:
         """Reject prompts estimated above ``tokens`` with the context-length 400 (None: off)."""
         self._state.set_context_window(deployment, tokens)
 
+    def set_embedding_dimension(self, deployment: str, dimension: int | None) -> None:
+        """The length of ``deployment``'s embedding vectors (default 16; None: back to it)."""
+        self._other.set_dimension(check_deployment(deployment), dimension)
+
     # -- log ---------------------------------------------------------------------------------
 
     def requests(self, deployment: str | None = None) -> list[RequestRecord]:
@@ -390,6 +400,7 @@ class ProviderSimulator:
     def reset(self) -> None:
         """Clear the log and every script, default, outage, bucket and context window."""
         self._state.reset()
+        self._other.reset()
 
 
 # --------------------------------------------------------------------------------------------

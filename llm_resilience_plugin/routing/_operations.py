@@ -1,0 +1,462 @@
+"""The rest of LiteLLM's Router on the same engine: embeddings, text completions, image generations
+and the Responses API, each a ``ResilientRouter`` method with LiteLLM's signature and return type.
+
+Each call is checked before anything is sent (its payload, the model groups' ``model_info.mode``,
+an embedding's vector dimensions across the groups it may fall back to), then walks the routes
+exactly as a chat call does: the operation (``CallState.operation``) only tells the dispatcher
+which of the Router's functions makes the attempt. An embedding batch longer than a deployment's
+``model_info.max_embedding_batch_size`` is split into calls of at most that size, each retried
+whole, and joined in order; any batch that finally fails fails the whole call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import litellm
+
+from llm_resilience_plugin._engine.core import BeforeRetry, CallState, positive_seconds
+from llm_resilience_plugin._engine.dispatch import PAYLOAD_KEYS, STREAMING_OPERATIONS
+from llm_resilience_plugin.errors import ConfigError, ErrorClass
+from llm_resilience_plugin.events import REPORT_KEY, CallReport, Listener, attach_report, hidden_params_of
+from llm_resilience_plugin.routing._streams import SyncResilientStream
+
+if TYPE_CHECKING:
+    from llm_resilience_plugin._engine.drivers import SyncRunner
+    from llm_resilience_plugin._engine.engine import Engine
+
+__all__ = ["MODES", "EndpointsMixin", "embedding_batch_limit", "embedding_dimension"]
+
+# The ``model_info.mode`` values that can serve each operation (a deployment without a mode may
+# serve any; LiteLLM's own names, as in its price map).
+MODES: dict[str, frozenset[str]] = {
+    "embedding": frozenset({"embedding"}),
+    "text_completion": frozenset({"completion", "chat"}),
+    "image_generation": frozenset({"image_generation"}),
+    "responses": frozenset({"responses", "chat"}),
+}
+
+
+def _whole(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def embedding_dimension(params: Mapping[str, Any], dimensions: Any = None) -> int | None:
+    """The length of a deployment's vectors: the call's ``dimensions``, else its
+    ``model_info.output_vector_size``, else LiteLLM's price map for its model; None if unknown."""
+    asked = _whole(dimensions)
+    if asked is not None:
+        return asked
+    size = _whole(params.get("output_vector_size"))
+    if size is not None:
+        return size
+    model = params.get("model")
+    if not isinstance(model, str):
+        return None
+    for name in (model, model.split("/", 1)[-1]):
+        info = litellm.model_cost.get(name)
+        if isinstance(info, Mapping) and _whole(info.get("output_vector_size")) is not None:
+            return int(info["output_vector_size"])
+    return None
+
+
+def embedding_batch_limit(params: Mapping[str, Any]) -> int | None:
+    """How many inputs one request to a deployment may carry (``model_info.max_embedding_batch_size``,
+    LiteLLM's own field), or None for no limit."""
+    return _whole(params.get("max_embedding_batch_size"))
+
+
+def _check_text(where: str, value: Any) -> None:
+    if isinstance(value, bytes | bytearray):
+        raise ConfigError(where, "is bytes; pass text (str), e.g. value.decode('utf-8')")
+    if not isinstance(value, str):
+        raise ConfigError(where, f"expected text, got {type(value).__name__}")
+    if not value:
+        raise ConfigError(where, "is an empty string; providers refuse empty inputs")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ConfigError(
+            where, f"is not valid UTF-8 text (a lone surrogate at position {e.start})"
+        ) from None
+
+
+def _check_texts(name: str, value: Any) -> None:
+    """A string, or a non-empty list of strings (or of token ids, or of token-id lists)."""
+    if isinstance(value, str):
+        _check_text(name, value)
+        return
+    if not isinstance(value, list) or not value:
+        raise ConfigError(name, "expected a string or a non-empty list of strings")
+    if all(isinstance(x, int) and not isinstance(x, bool) for x in value):
+        return  # one input as token ids
+    for i, item in enumerate(value):
+        if isinstance(item, list) and item and all(isinstance(x, int) for x in item):
+            continue
+        _check_text(f"{name}[{i}]", item)
+
+
+def validate_payload(operation: str, payload: Any, kwargs: Mapping[str, Any]) -> None:
+    """Refuse a payload LiteLLM could not send, before any attempt (a ConfigError naming it)."""
+    key = PAYLOAD_KEYS[operation]
+    if operation in ("embedding", "text_completion"):
+        _check_texts(key, payload)
+    elif operation == "image_generation":
+        _check_text(key, payload)
+        n = kwargs.get("n")
+        if n is not None and _whole(n) is None:
+            raise ConfigError("n", f"expected a whole number of images >= 1, got {n!r}")
+    elif operation == "responses":
+        if isinstance(payload, str):
+            _check_text(key, payload)
+        elif not isinstance(payload, list) or not payload:
+            raise ConfigError(key, "expected a string or a non-empty list of input items")
+        else:
+            for i, item in enumerate(payload):
+                if not isinstance(item, Mapping):
+                    raise ConfigError(
+                        f"{key}[{i}]", "expected an input item mapping, e.g. {'role': 'user', ...}"
+                    )
+    dims = kwargs.get("dimensions")
+    if dims is not None and _whole(dims) is None:
+        raise ConfigError("dimensions", f"expected a whole number >= 1, got {dims!r}")
+    if kwargs.get("scenario") is not None:
+        raise ConfigError("scenario", f"static answers are chat replies; {operation} has none")
+
+
+class EndpointsMixin:
+    """``embedding``/``aembedding``, ``text_completion``/``atext_completion``,
+    ``image_generation``/``aimage_generation`` and ``responses``/``aresponses`` of
+    :class:`~llm_resilience_plugin.routing.ResilientRouter` (see the module docs)."""
+
+    if TYPE_CHECKING:
+        engine: Engine
+        _sync: SyncRunner
+
+        def _check_group(self, group: str) -> None: ...
+
+        def _new_call(
+            self,
+            model: str,
+            messages: Any,
+            stream: bool,
+            deadline: float | None,
+            listener: Listener | None,
+            before_retry: BeforeRetry | None,
+            kwargs: Mapping[str, Any],
+            operation: str = ...,
+        ) -> tuple[CallState, dict[str, Any]]: ...
+
+        async def _complete(
+            self, ctx: CallState, group: str, messages: Any, kwargs: dict[str, Any]
+        ) -> Any: ...
+
+        async def _stream(self, ctx: CallState, group: str, messages: Any, kwargs: dict[str, Any]) -> Any: ...
+
+    # -- embeddings -------------------------------------------------------------------------------
+
+    async def aembedding(
+        self,
+        model: str,
+        input: str | list[Any],
+        *,
+        deadline: float | None = None,
+        listener: Listener | None = None,
+        before_retry: BeforeRetry | None = None,
+        vectors_compatible: bool = False,
+        **kwargs: Any,
+    ) -> litellm.EmbeddingResponse:
+        """Like ``litellm.Router.aembedding``; returns LiteLLM's ``EmbeddingResponse``.
+
+        A batch longer than the smallest ``model_info.max_embedding_batch_size`` among the groups
+        the call may use is split and joined in order. Fallback to a group whose vectors have
+        another dimension is refused unless ``vectors_compatible=True`` (mixing vector spaces
+        corrupts an index). Plugin options as for ``acompletion``.
+        """
+        self._check_group(model)
+        validate_payload("embedding", input, kwargs)
+        self._check_modes("embedding", model)
+        if not isinstance(vectors_compatible, bool):
+            raise ConfigError("vectors_compatible", "must be True or False")
+        if not vectors_compatible:
+            self._check_dimensions(model, kwargs.get("dimensions"))
+        limit = self._batch_limit(model)
+        if limit is None or not isinstance(input, list) or len(input) <= limit or _is_tokens(input):
+            return await self._operation(
+                "embedding", model, input, False, deadline, listener, before_retry, kwargs
+            )  # type: ignore[no-any-return]
+        return await self._split_embedding(model, input, limit, deadline, listener, before_retry, kwargs)
+
+    def embedding(self, model: str, input: str | list[Any], **kwargs: Any) -> litellm.EmbeddingResponse:
+        """Blocking twin of :meth:`aembedding` (runs on the router's private loop thread)."""
+        return self._sync.run(self.aembedding(model, input, **kwargs))
+
+    async def _split_embedding(
+        self,
+        model: str,
+        inputs: list[Any],
+        limit: int,
+        deadline: float | None,
+        listener: Listener | None,
+        before_retry: BeforeRetry | None,
+        kwargs: Mapping[str, Any],
+    ) -> litellm.EmbeddingResponse:
+        """One call per batch of at most ``limit`` inputs, in order, under one deadline; the
+        joined response carries a report of all of them (any batch failing fails the whole)."""
+        clock = self.engine.clock
+        started = clock.monotonic()
+        parts: list[Any] = []
+        for start in range(0, len(inputs), limit):
+            left = None if deadline is None else deadline - (clock.monotonic() - started)
+            if left is not None and left <= 0:
+                left = 1e-3  # the engine refuses the attempt and raises DeadlineExceededError
+            parts.append(
+                await self._operation(
+                    "embedding",
+                    model,
+                    inputs[start : start + limit],
+                    False,
+                    left,
+                    listener,
+                    before_retry,
+                    kwargs,
+                )
+            )
+        return _join_embeddings(parts)
+
+    # -- the other operations ---------------------------------------------------------------------
+
+    async def atext_completion(
+        self,
+        model: str,
+        prompt: str | list[Any],
+        *,
+        stream: bool = False,
+        deadline: float | None = None,
+        listener: Listener | None = None,
+        before_retry: BeforeRetry | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Like ``litellm.Router.atext_completion``: a ``TextCompletionResponse``, or with
+        ``stream=True`` a :class:`ResilientStream` of text-completion chunks."""
+        return await self._checked(
+            "text_completion", model, prompt, stream, deadline, listener, before_retry, kwargs
+        )
+
+    def text_completion(
+        self, model: str, prompt: str | list[Any], *, stream: bool = False, **kwargs: Any
+    ) -> Any:
+        """Blocking twin of :meth:`atext_completion` (a stream is a blocking iterator)."""
+        return self._blocking(self.atext_completion(model, prompt, stream=stream, **kwargs), stream)
+
+    async def aimage_generation(
+        self,
+        model: str,
+        prompt: str,
+        *,
+        deadline: float | None = None,
+        listener: Listener | None = None,
+        before_retry: BeforeRetry | None = None,
+        **kwargs: Any,
+    ) -> litellm.ImageResponse:
+        """Like ``litellm.Router.aimage_generation``; returns LiteLLM's ``ImageResponse``."""
+        return await self._checked(  # type: ignore[no-any-return]
+            "image_generation", model, prompt, False, deadline, listener, before_retry, kwargs
+        )
+
+    def image_generation(self, model: str, prompt: str, **kwargs: Any) -> litellm.ImageResponse:
+        """Blocking twin of :meth:`aimage_generation`."""
+        return self._sync.run(self.aimage_generation(model, prompt, **kwargs))
+
+    async def aresponses(
+        self,
+        model: str,
+        input: str | list[Any],
+        *,
+        stream: bool = False,
+        deadline: float | None = None,
+        listener: Listener | None = None,
+        before_retry: BeforeRetry | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Like ``litellm.Router.aresponses`` (OpenAI's Responses API): a ``ResponsesAPIResponse``,
+        or with ``stream=True`` a :class:`ResilientStream` of its typed events."""
+        return await self._checked(
+            "responses", model, input, stream, deadline, listener, before_retry, kwargs
+        )
+
+    def responses(self, model: str, input: str | list[Any], *, stream: bool = False, **kwargs: Any) -> Any:
+        """Blocking twin of :meth:`aresponses` (a stream is a blocking iterator)."""
+        return self._blocking(self.aresponses(model, input, stream=stream, **kwargs), stream)
+
+    def check_call(self, operation: str, group: str) -> None:
+        """Raise a ConfigError unless ``group`` (and its fallbacks) can serve ``operation``
+        (``"embedding"``, ``"text_completion"``, ``"image_generation"`` or ``"responses"``)."""
+        if operation not in MODES:
+            raise ConfigError("operation", f"expected one of {sorted(MODES)}, got {operation!r}")
+        self._check_group(group)
+        self._check_modes(operation, group)
+
+    # -- shared steps -----------------------------------------------------------------------------
+
+    def _blocking(self, coro: Any, stream: bool) -> Any:
+        result = self._sync.run(coro)
+        return SyncResilientStream(result, self._sync) if stream else result
+
+    async def _checked(
+        self,
+        operation: str,
+        model: str,
+        payload: Any,
+        stream: bool,
+        deadline: float | None,
+        listener: Listener | None,
+        before_retry: BeforeRetry | None,
+        kwargs: Mapping[str, Any],
+    ) -> Any:
+        self._check_group(model)
+        validate_payload(operation, payload, kwargs)
+        if stream and operation not in STREAMING_OPERATIONS:
+            raise ConfigError("stream", f"LiteLLM does not stream {operation}")
+        self._check_modes(operation, model)
+        return await self._operation(
+            operation, model, payload, stream, deadline, listener, before_retry, kwargs
+        )
+
+    async def _operation(
+        self,
+        operation: str,
+        model: str,
+        payload: Any,
+        stream: bool,
+        deadline: float | None,
+        listener: Listener | None,
+        before_retry: BeforeRetry | None,
+        kwargs: Mapping[str, Any],
+    ) -> Any:
+        """One checked call on the engine, like ``acompletion`` (options, deadline, idempotency)."""
+        if deadline is not None:
+            deadline = positive_seconds("deadline", deadline)
+        ctx, clean = self._new_call(
+            model, payload, stream, deadline, listener, before_retry, kwargs, operation
+        )
+        if stream:
+            return await self._stream(ctx, model, payload, clean)
+        return await self._complete(ctx, model, payload, clean)
+
+    def _groups_of(self, group: str) -> list[str]:
+        """``group`` and every group its calls may fall back to (any error class)."""
+        engine = self.engine
+        out = [group]
+        for cls in (None, ErrorClass.CONTEXT_WINDOW, ErrorClass.CONTENT_POLICY):
+            out.extend(g for g in engine.fallback_chain(group, cls) if g not in out)
+        return out
+
+    def _check_modes(self, operation: str, group: str) -> None:
+        """Every deployment the call may reach must serve ``operation`` (its ``model_info.mode``)."""
+        allowed = MODES[operation]
+        engine = self.engine
+        for g in self._groups_of(group):
+            for dep in engine.group_deployments.get(g, []):
+                mode = engine.deployments[dep].params.get("mode")
+                if mode is not None and mode not in allowed:
+                    where = "model group" if g == group else f"fallback {g!r} of model group"
+                    raise ConfigError(
+                        "model_info.mode",
+                        f"deployment {dep!r} of {where} {group!r} has mode {mode!r}, which cannot "
+                        f"serve {operation} (needs one of {sorted(allowed)}); route {operation} "
+                        "calls to a group of such deployments",
+                    )
+
+    def _check_dimensions(self, group: str, dimensions: Any) -> None:
+        """Refuse a call whose routes would return vectors of different lengths."""
+        engine = self.engine
+        first: tuple[str, int] | None = None
+        for g in self._groups_of(group):
+            for dep in engine.group_deployments.get(g, []):
+                size = embedding_dimension(engine.deployments[dep].params, dimensions)
+                if size is None:
+                    continue
+                if first is None:
+                    first = (dep, size)
+                elif size != first[1]:
+                    raise ConfigError(
+                        "model_info.output_vector_size",
+                        f"deployment {dep!r} (group {g!r}) returns {size}-dimensional vectors but "
+                        f"{first[0]!r} returns {first[1]}: a fallback would mix vector spaces in one "
+                        f"index. Remove the fallback, or pass vectors_compatible=True if {group!r}'s "
+                        "routes really share one vector space",
+                    )
+
+    def _batch_limit(self, group: str) -> int | None:
+        limits = [
+            limit
+            for g in self._groups_of(group)
+            for dep in self.engine.group_deployments.get(g, [])
+            if (limit := embedding_batch_limit(self.engine.deployments[dep].params)) is not None
+        ]
+        return min(limits) if limits else None
+
+
+def _is_tokens(inputs: Sequence[Any]) -> bool:
+    return bool(inputs) and all(isinstance(x, int) and not isinstance(x, bool) for x in inputs)
+
+
+def _join_embeddings(parts: list[Any]) -> litellm.EmbeddingResponse:
+    """The batches' vectors in input order, their usage and cost summed, one report for all."""
+    data: list[Any] = []
+    prompt = total = 0
+    cost: float | None = None
+    reports: list[CallReport] = []
+    for part in parts:
+        for item in part.data:
+            entry = dict(item) if isinstance(item, Mapping) else item.model_dump()
+            entry["index"] = len(data)
+            data.append(entry)
+        usage = getattr(part, "usage", None)
+        prompt += int(getattr(usage, "prompt_tokens", 0) or 0)
+        total += int(getattr(usage, "total_tokens", 0) or 0)
+        c = (hidden_params_of(part) or {}).get("response_cost")
+        if isinstance(c, int | float):
+            cost = (cost or 0.0) + float(c)
+        rep = (hidden_params_of(part) or {}).get(REPORT_KEY)
+        if isinstance(rep, CallReport):
+            reports.append(rep)
+    joined = litellm.EmbeddingResponse(
+        model=parts[0].model,
+        data=data,
+        usage=litellm.Usage(prompt_tokens=prompt, completion_tokens=0, total_tokens=total),
+    )
+    hidden = hidden_params_of(joined)
+    if hidden is not None:
+        hidden.update({k: v for k, v in (hidden_params_of(parts[-1]) or {}).items() if k != "response_cost"})
+        hidden["response_cost"] = cost
+        hidden["batches"] = len(parts)
+    if reports:
+        attach_report(joined, _joined_report(reports, cost, prompt, total))
+    return joined
+
+
+def _joined_report(reports: list[CallReport], cost: float | None, prompt: int, total: int) -> CallReport:
+    """One report over the batch calls: every attempt, usage and cost summed, the last route."""
+    last = reports[-1]
+    joined = CallReport(
+        call_id=f"{reports[0].call_id}..{last.call_id}",
+        requested_group=last.requested_group,
+        stream=False,
+        started_at=reports[0].started_at,
+        served_group=last.served_group,
+        deployment_id=last.deployment_id,
+        served_model=last.served_model,
+        fallback_level=max(r.fallback_level for r in reports),
+        outcome=last.outcome,
+        total_latency_s=sum(r.total_latency_s for r in reports),
+        usage={"prompt_tokens": prompt, "completion_tokens": 0, "total_tokens": total},
+        response_cost=cost,
+        priority=last.priority,
+        hedged=any(r.hedged for r in reports),
+    )
+    for r in reports:
+        joined.attempts.extend(r.attempts)
+    return joined
