@@ -28,7 +28,12 @@ def _openai(params: dict[str, Any], base_url: str, name: str) -> dict[str, Any]:
     return {**params, "model": f"openai/{model}", "api_base": f"{base_url}/{name}/v1", "api_key": "sk-chaos"}
 
 
-DIALECTS: dict[str, Rewrite] = {"openai": _openai}
+def _azure(params: dict[str, Any], base_url: str, name: str) -> dict[str, Any]:
+    version = params.get("api_version") or "2024-06-01"
+    return {**params, "api_base": f"{base_url}/{name}", "api_key": "sk-chaos", "api_version": version}
+
+
+DIALECTS: dict[str, Rewrite] = {"openai": _openai, "azure": _azure}
 """Provider name -> rewrite; other modules register their dialect here (see ``_dialects``)."""
 
 
