@@ -336,6 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
         "  llm-resilience report --ledger sqlite:///spend.db --since 2026-11-01\n"
         "  llm-resilience report --config router.yaml  # the ledger of its cost: section\n"
         "  llm-resilience simulator --port 8900 --deployments a,b\n"
+        "  llm-resilience chaos router.yaml --json chaos.json --plot chaos.png\n"
         "\n"
         "Benchmarks (overhead, chaos, scale) are not installed with the package: run them from a\n"
         "source checkout, e.g. python benchmarks/chaos.py --help",
@@ -373,6 +374,21 @@ def build_parser() -> argparse.ArgumentParser:
         default="a",
         help="comma-separated deployment names to pre-register and print (a)",
     )
+    k = sub.add_parser(
+        "chaos",
+        help="replay failure scenarios against your config: the plugin beside a plain LiteLLM Router",
+        description="Point every deployment of a router YAML at the built-in simulator, run the "
+        "scenario catalogue (or --scenario files) against the plugin and a plain LiteLLM Router, and "
+        "print a scorecard. Exit 1 when the YAML's chaos: thresholds are missed, 2 on a config error.",
+    )
+    k.add_argument("config", help="a LiteLLM proxy-style YAML (chaos: {min_success, max_p99_s} optional)")
+    k.add_argument(
+        "--scenario", action="append", default=[], metavar="FILE", help="a scenario YAML (repeatable)"
+    )
+    k.add_argument("--only", default="", help="comma-separated scenario names to run")
+    k.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    k.add_argument("--plot", metavar="PATH", help="write the timeline plot (.png, or .html)")
+    k.add_argument("--quick", action="store_true", help="a smoke run: half the calls")
     return p
 
 
@@ -389,6 +405,12 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return _report(args.ledger, args.config, args.since, args.json, args.create)
     if args.command == "simulator":
         return _simulator(args.host, args.port, args.deployments)
+    if args.command == "chaos":
+        from llm_resilience_plugin.testing.chaos import run_chaos
+
+        only = [n for n in args.only.split(",") if n]
+        return run_chaos(args.config, args.scenario, json_path=args.json, plot_path=args.plot,
+                         quick_run=args.quick, only=only)  # fmt: skip
     parser.print_help()
     return EXIT_CONFIG
 

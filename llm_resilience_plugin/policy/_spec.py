@@ -66,6 +66,7 @@ TOP_LEVEL_KEYS = (
     "litellm_settings",
     "general_settings",
     "environment_variables",
+    "chaos",  # llm-resilience chaos: thresholds (checked by testing.chaos, ignored by the router)
 )
 
 

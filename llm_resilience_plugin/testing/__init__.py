@@ -2,6 +2,8 @@
 
 from llm_resilience_plugin._engine.clock import Clock, FakeClock
 from llm_resilience_plugin.testing._endpoints import embedding_vector
+from llm_resilience_plugin.testing._fault_spec import FaultSpec
+from llm_resilience_plugin.testing._harness import ChaosHarness
 from llm_resilience_plugin.testing._simulator import (
     Behavior,
     Fault,
@@ -13,9 +15,11 @@ from llm_resilience_plugin.testing._simulator import (
 
 __all__ = [
     "Behavior",
+    "ChaosHarness",
     "Clock",
     "FakeClock",
     "Fault",
+    "FaultSpec",
     "ProviderSimulator",
     "RequestRecord",
     "embedding_vector",

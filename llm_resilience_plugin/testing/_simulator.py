@@ -188,7 +188,9 @@ from types import FrameType, TracebackType
 from aiohttp import web
 
 from llm_resilience_plugin import _env
+from llm_resilience_plugin.testing._azure import add_azure_routes
 from llm_resilience_plugin.testing._endpoints import OtherEndpoints
+from llm_resilience_plugin.testing._fault_routes import add_fault_routes
 from llm_resilience_plugin.testing._faults import Behavior, Fault
 from llm_resilience_plugin.testing._handlers import Endpoints
 from llm_resilience_plugin.testing._messages import estimate_prompt_tokens, estimate_tokens
@@ -298,6 +300,8 @@ class ProviderSimulator:
 
     async def _setup(self) -> None:
         app = web.Application(client_max_size=64 * 1024 * 1024)
+        add_fault_routes(app, self._state)  # before the catch-all /{deployment}/... routes
+        add_azure_routes(app, self._endpoints.handle_chat)
         self._endpoints.add_routes(app)
         self._other.add_routes(app)
         runner = web.AppRunner(

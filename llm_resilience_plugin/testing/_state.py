@@ -206,6 +206,11 @@ class SimulatorState:
             self._log.clear()
             self._states.clear()
 
+    def clear(self, deployment: str) -> None:
+        """Forget one deployment's script, default, outage, bucket and window (healthy again)."""
+        with self._lock:
+            self._states.pop(deployment, None)
+
     def log(self, record: MutableRecord) -> None:
         """Append a request that gets no scripted behaviour (a malformed body)."""
         with self._lock:

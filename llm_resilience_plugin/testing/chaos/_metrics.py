@@ -1,0 +1,182 @@
+"""A run's numbers (success, latency, upstream requests, requests to a dead route, time to recover,
+spend) and the advice a config setting earns when it is the cause."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from llm_resilience_plugin.policy import RouterSpec
+from llm_resilience_plugin.testing._simulator import RequestRecord
+from llm_resilience_plugin.testing.chaos._run import RunResult, call_tag
+from llm_resilience_plugin.testing.chaos._target import Deployment
+
+__all__ = ["Metrics", "advice", "measure", "percentile", "request_failed", "served_by"]
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (nearest rank) of ``values``; 0 for none."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[min(rank, len(ordered)) - 1]
+
+
+def request_failed(record: RequestRecord) -> bool:
+    """Whether an upstream request met a fault (an error status, a dropped or cut connection)."""
+    return record.status != 200 or not record.behavior.endswith("ok")
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """One scenario on one system, as the table, the JSON and the thresholds read it."""
+
+    calls: int
+    success_rate: float
+    p50_s: float
+    p99_s: float
+    upstream_per_call: float
+    to_dead_route: int
+    recover_s: float | None
+    observed_after_recovery_s: float | None
+    spend: float
+    errors: dict[str, int]
+    served: dict[str, int]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for the JSON report."""
+        return asdict(self)
+
+
+def _price(dep: Deployment, prompt: int, completion: int) -> float:
+    if dep.prices is not None:
+        return dep.prices[0] * prompt + dep.prices[1] * completion
+    try:
+        import litellm
+
+        cin, cout = litellm.cost_per_token(
+            model=dep.model, prompt_tokens=prompt, completion_tokens=completion
+        )
+        return float(cin) + float(cout)
+    except Exception:
+        return 0.0
+
+
+def _dead_route_requests(run: RunResult, spec: RouterSpec) -> int:
+    """Failing requests sent to a deployment that had already failed ``fail_max`` times in a row
+    (what its breaker, once open, exists to stop)."""
+    count = 0
+    for dep in run.target.deployments:
+        fail_max = spec.policy.for_group(dep.group).breaker.fail_max
+        streak = 0
+        for r in run.requests:
+            if r.deployment != dep.sim_name:
+                continue
+            if not request_failed(r):
+                streak = 0
+                continue
+            if streak >= fail_max:
+                count += 1
+            streak += 1
+    return count
+
+
+def served_by(run: RunResult) -> dict[str, Deployment]:
+    """Each answered call's tag -> the deployment whose answer it got (its last 200)."""
+    out: dict[str, Deployment] = {}
+    for r in run.requests:
+        tag = call_tag(r)
+        dep = run.target.by_sim_name(r.deployment)
+        if tag is not None and dep is not None and not request_failed(r):
+            out[tag] = dep
+    return out
+
+
+def _recovery(run: RunResult) -> tuple[float | None, float | None]:
+    at = run.scenario.recovers_at
+    if at is None:
+        return None, None
+    faulted = {d.sim_name for selector in run.scenario.timeline for d in run.target.select(selector)}
+    later = [
+        run.offset(r)
+        for r in run.requests
+        if r.deployment in faulted and not request_failed(r) and run.offset(r) >= at
+    ]
+    end = max((c.end for c in run.calls), default=at)
+    return (min(later) - at if later else None), max(0.0, end - at)
+
+
+def measure(run: RunResult, spec: RouterSpec) -> Metrics:
+    """The numbers of one run."""
+    calls = run.calls
+    lat = [c.latency for c in calls]
+    served = served_by(run)
+    spend = 0.0
+    by_dep: Counter[str] = Counter()
+    for c in calls:
+        dep = served.get(c.tag)
+        if c.ok and dep is not None:
+            by_dep[dep.id] += 1
+            spend += _price(dep, c.prompt_tokens, c.completion_tokens)
+    recover, observed = _recovery(run)
+    return Metrics(
+        calls=len(calls),
+        success_rate=sum(c.ok for c in calls) / max(1, len(calls)),
+        p50_s=percentile(lat, 50),
+        p99_s=percentile(lat, 99),
+        upstream_per_call=len(run.requests) / max(1, len(calls)),
+        to_dead_route=_dead_route_requests(run, spec),
+        recover_s=recover,
+        observed_after_recovery_s=observed,
+        spend=spend,
+        errors=dict(Counter(c.error or "?" for c in calls if not c.ok)),
+        served=dict(by_dep),
+    )
+
+
+def _fallback_answer_s(run: RunResult) -> float | None:
+    """Median time a fallback deployment took to answer, from the simulator's log."""
+    fallback = {d.sim_name for d in run.target.deployments if d.group in run.target.fallbacks}
+    times = [
+        r.finished_at - r.started_at
+        for r in run.requests
+        if r.deployment in fallback and not request_failed(r) and r.finished_at is not None
+    ]
+    return percentile(times, 50) if times else None
+
+
+def advice(run: RunResult, m: Metrics, spec: RouterSpec) -> list[str]:
+    """Concrete advice where a setting of the config is what the plugin's numbers show."""
+    sc, primary = run.scenario.name, run.target.primary
+    pol = spec.policy.for_group(primary)
+    out: list[str] = []
+    fb = _fallback_answer_s(run)
+    timeout = pol.attempt_timeout
+    if fb is not None and m.p99_s >= 0.8 * timeout and m.p99_s > 4 * fb:
+        out.append(
+            f"attempt_timeout {timeout:g} s makes the {sc} scenario's p99 {m.p99_s:.1f} s; your fallback "
+            f"answers in {fb:.2f} s: lower resilience.attempt_timeout (or turn on resilience.hedge)"
+        )
+    outage = run.scenario.recovers_at
+    if outage and (m.recover_s is None or m.recover_s > 2 * outage):
+        reset = pol.breaker.reset_timeout
+        waited = "never" if m.recover_s is None else f"after {m.recover_s:.1f} s"
+        seen = f" (watched {m.observed_after_recovery_s:.1f} s)" if m.recover_s is None else ""
+        out.append(
+            f"{sc}: the primary was healthy again at {outage:g} s but took traffic back {waited}{seen}; "
+            f"breaker.reset_timeout {reset:g} s decides how soon a probe tries it"
+        )
+    if m.errors.get("StreamInterruptedError") and not pol.restart_broken_streams:
+        out.append(
+            f"{sc}: {m.errors['StreamInterruptedError']} stream(s) ended interrupted after content; "
+            "resilience.restart_broken_streams: true resumes them on another route"
+        )
+    if m.success_rate < 1 and not run.target.fallbacks:
+        out.append(f"{sc}: group {primary!r} has no fallbacks; a failure there reaches your callers")
+    if sc.startswith("context") and m.success_rate < 1 and not spec.context_window_fallbacks.get(primary):
+        out.append(f"{sc}: add context_window_fallbacks for {primary!r} (a group with a larger window)")
+    return out

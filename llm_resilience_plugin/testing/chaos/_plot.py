@@ -1,0 +1,108 @@
+"""The timeline plot: per scenario and system, one row per deployment with each upstream request
+(green answered, red failed), the plugin's breaker states as bands, and the calls' outcomes.
+
+matplotlib is optional (the ``notebooks`` extra): without it ``--plot`` is a clear error.
+``.png`` writes the figure; ``.html`` a page with the figure embedded and the table.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from pathlib import Path
+from typing import Any
+
+from llm_resilience_plugin.errors import ConfigError
+from llm_resilience_plugin.testing.chaos._metrics import request_failed, served_by
+from llm_resilience_plugin.testing.chaos._run import RunResult
+
+__all__ = ["write_plot"]
+
+_STATE_COLOURS = {"open": "#f4a6a6", "half_open": "#f9d99a"}
+
+
+def _axes_for(ax: Any, run: RunResult) -> None:
+    deps = run.target.deployments
+    rows = {d.sim_name: i for i, d in enumerate(deps)}
+    calls_row = len(deps)
+    end = max([c.end for c in run.calls] + [run.offset(r) for r in run.requests] + [0.1])
+    by_id = {d.id: rows[d.sim_name] for d in deps}
+    # Breaker bands (the plugin only): from each transition to the next of the same deployment.
+    per_dep: dict[str, list[tuple[float, str]]] = {}
+    for dep_id, t, state in run.transitions:
+        per_dep.setdefault(dep_id, []).append((t, state))
+    for dep_id, changes in per_dep.items():
+        row = by_id.get(dep_id)
+        if row is None:
+            continue
+        for (t, state), nxt in zip(changes, [*changes[1:], (end, "closed")], strict=True):
+            colour = _STATE_COLOURS.get(state)
+            if colour is not None:
+                ax.fill_between([t, nxt[0]], row - 0.4, row + 0.4, color=colour, linewidth=0)
+    ok_x: list[float] = []
+    ok_y: list[int] = []
+    bad_x: list[float] = []
+    bad_y: list[int] = []
+    for r in run.requests:
+        row = rows.get(r.deployment)
+        if row is None:
+            continue
+        (bad_x if request_failed(r) else ok_x).append(run.offset(r))
+        (bad_y if request_failed(r) else ok_y).append(row)
+    ax.scatter(ok_x, ok_y, s=10, color="#2e8b57", marker="|", label="answered")
+    ax.scatter(bad_x, bad_y, s=14, color="#c0392b", marker="x", label="failed")
+    served = served_by(run)
+    for c in run.calls:
+        dep = served.get(c.tag)
+        colour = "#2e8b57" if c.ok else "#c0392b"
+        ax.plot([c.start, c.end], [calls_row, calls_row], color=colour, linewidth=1, alpha=0.5)
+        if c.ok and dep is not None:
+            ax.plot([c.end], [calls_row], marker=".", color=colour, markersize=3)
+    ax.set_yticks(range(len(deps) + 1), [f"{d.group}/{d.id}" for d in deps] + ["calls"], fontsize=7)
+    ax.set_ylim(-0.6, calls_row + 0.6)
+    ax.set_xlim(0, end * 1.02)
+    ax.tick_params(axis="x", labelsize=7)
+    ax.set_title(f"{run.scenario.name} - {run.system}", fontsize=8)
+
+
+def _figure(runs: list[tuple[RunResult, RunResult]]) -> bytes:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ConfigError(
+            "--plot", "needs matplotlib (pip install matplotlib, or the notebooks extra)"
+        ) from None
+    rows = max(1, len(runs))
+    fig, axes = plt.subplots(rows, 2, figsize=(12, 1.9 * rows), squeeze=False, sharex="row")
+    for i, (plugin, plain) in enumerate(runs):
+        _axes_for(axes[i][0], plugin)
+        _axes_for(axes[i][1], plain)
+    axes[0][0].legend(loc="upper right", fontsize=6)
+    fig.supxlabel("seconds from the scenario's start (breaker bands: red open, amber half-open)", fontsize=8)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=90)
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def write_plot(path: str, runs: list[tuple[RunResult, RunResult]], table: str) -> Path:
+    """Write the timeline to ``path`` (``.png``, or ``.html`` with the table); returns the path."""
+    out = Path(path)
+    if out.suffix.lower() not in (".png", ".html", ".htm"):
+        raise ConfigError("--plot", f"expected a .png or .html path, got {path!r}")
+    png = _figure(runs)
+    if out.suffix.lower() == ".png":
+        out.write_bytes(png)
+        return out
+    image = base64.b64encode(png).decode()
+    out.write_text(
+        "<!doctype html><meta charset='utf-8'><title>llm-resilience chaos</title>"
+        f"<h1>llm-resilience chaos</h1><pre>{html.escape(table)}</pre>"
+        f"<img alt='timeline' style='max-width:100%' src='data:image/png;base64,{image}'>\n"
+    )
+    return out

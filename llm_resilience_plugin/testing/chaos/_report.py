@@ -1,0 +1,122 @@
+"""The scorecard: the config's ``chaos:`` thresholds, the side-by-side table, the JSON document."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from llm_resilience_plugin.errors import ConfigError
+from llm_resilience_plugin.testing.chaos._metrics import Metrics
+
+__all__ = ["ChaosSettings", "Row", "chaos_settings", "render_table", "threshold_failures", "to_json"]
+
+
+class ChaosSettings(BaseModel):
+    """The config's ``chaos:`` section: the thresholds the plugin must meet on every gated
+    scenario (the command exits 1 when one is missed), and the group the calls ask for."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    min_success: float | None = Field(default=None, ge=0, le=1)
+    max_p99_s: float | None = Field(default=None, gt=0)
+    max_upstream_per_call: float | None = Field(default=None, gt=0)
+    max_to_dead_route: int | None = Field(default=None, ge=0)
+    model: str | None = Field(default=None, description="The model group the calls ask for.")
+
+
+def chaos_settings(raw: Any) -> ChaosSettings:
+    """The ``chaos:`` section of a parsed config (``ConfigError`` naming the field)."""
+    section = raw.get("chaos") if isinstance(raw, Mapping) else None
+    try:
+        return ChaosSettings.model_validate(section or {})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ConfigError(f"chaos.{where}", str(first["msg"]).removeprefix("Value error, ")) from None
+
+
+@dataclass(frozen=True)
+class Row:
+    """One scenario: its description, both systems' numbers, the plugin's advice."""
+
+    scenario: str
+    description: str
+    gate: bool
+    plugin: Metrics
+    litellm: Metrics
+    advice: list[str]
+
+
+def threshold_failures(rows: list[Row], settings: ChaosSettings) -> list[str]:
+    """Every threshold the plugin missed on a gated scenario, one line each."""
+    out = []
+    for row in rows:
+        if not row.gate:
+            continue
+        m = row.plugin
+        if settings.min_success is not None and m.success_rate < settings.min_success:
+            out.append(f"{row.scenario}: success {m.success_rate:.1%} < min_success {settings.min_success:g}")
+        if settings.max_p99_s is not None and m.p99_s > settings.max_p99_s:
+            out.append(f"{row.scenario}: p99 {m.p99_s:.2f} s > max_p99_s {settings.max_p99_s:g}")
+        limit = settings.max_upstream_per_call
+        if limit is not None and m.upstream_per_call > limit:
+            out.append(
+                f"{row.scenario}: {m.upstream_per_call:.2f} upstream/call > max_upstream_per_call {limit:g}"
+            )
+        dead = settings.max_to_dead_route
+        if dead is not None and m.to_dead_route > dead:
+            out.append(
+                f"{row.scenario}: {m.to_dead_route} requests to a dead route > max_to_dead_route {dead}"
+            )
+    return out
+
+
+def _recover(m: Metrics) -> str:
+    if m.observed_after_recovery_s is None:
+        return "-"
+    if m.recover_s is None:
+        return f"never (>{m.observed_after_recovery_s:.0f})"
+    return f"{m.recover_s:.1f}"
+
+
+def render_table(rows: list[Row]) -> str:
+    """The side-by-side table (Markdown): one line per scenario and system."""
+    head = ["scenario", "system", "calls", "success", "p50 s", "p99 s", "upstream/call",
+            "to dead route", "recover s", "spend $"]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
+    for row in rows:
+        for system, m in (("plugin", row.plugin), ("litellm", row.litellm)):
+            cells = [
+                row.scenario if system == "plugin" else "", system, str(m.calls), f"{m.success_rate:.0%}",
+                f"{m.p50_s:.2f}", f"{m.p99_s:.2f}", f"{m.upstream_per_call:.2f}", str(m.to_dead_route),
+                _recover(m), f"{m.spend:.6f}",
+            ]  # fmt: skip
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def to_json(
+    config: str, rows: list[Row], settings: ChaosSettings, failures: list[str], wall_s: float
+) -> dict[str, Any]:
+    """The JSON document ``--json`` writes."""
+    return {
+        "config": config,
+        "thresholds": settings.model_dump(exclude_none=True),
+        "passed": not failures,
+        "failures": failures,
+        "wall_s": round(wall_s, 2),
+        "scenarios": [
+            {
+                "name": r.scenario,
+                "description": r.description,
+                "gate": r.gate,
+                "plugin": r.plugin.to_dict(),
+                "litellm": r.litellm.to_dict(),
+                "advice": r.advice,
+            }
+            for r in rows
+        ],
+    }

@@ -1,0 +1,59 @@
+"""``llm-resilience chaos`` through the installed entry point, in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+CLI = Path(sys.executable).with_name("llm-resilience")
+CONFIG = Path(__file__).with_name("router.yaml")
+
+
+def _run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "NO_PROXY": "127.0.0.1,localhost"}
+    env.pop("OPENAI_API_KEY", None)  # the config's os.environ/ keys are never read
+    return subprocess.run(
+        [str(CLI), "chaos", *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
+
+
+def test_thresholds_met_exit_0_with_json_and_plot(tmp_path: Path) -> None:
+    out, png = tmp_path / "chaos.json", tmp_path / "chaos.png"
+    r = _run(str(CONFIG), "--only", "revoked-key,context-overflow", "--json", str(out), "--plot", str(png))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "| revoked-key | plugin |" in r.stdout and "Thresholds met." in r.stdout
+    doc = json.loads(out.read_text())
+    assert doc["passed"] is True
+    assert [s["name"] for s in doc["scenarios"]] == ["context-overflow", "revoked-key"]
+    assert doc["scenarios"][1]["plugin"]["success_rate"] == 1.0
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    assert "sk-chaos" not in r.stdout + r.stderr
+
+
+def test_a_missed_threshold_exits_1_and_gives_advice(tmp_path: Path) -> None:
+    scenario = tmp_path / "cut.yaml"
+    scenario.write_text(
+        "name: my-cut\ncalls: 4\nconcurrency: 2\nstream: true\n"
+        "timeline: {primary: [{fault: {kind: stream_cut, after_chunks: 2}}]}\n"
+    )
+    r = _run(str(CONFIG), "--scenario", str(scenario), "--plot", str(tmp_path / "t.html"))
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "my-cut: success" in r.stdout and "< min_success 0.999" in r.stdout
+    assert "restart_broken_streams: true" in r.stdout
+    assert "<img" in (tmp_path / "t.html").read_text()
+
+
+def test_mistakes_exit_2_naming_the_field(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(CONFIG.read_text().replace("min_success: 0.999", "min_success: 2"))
+    r = _run(str(bad))
+    assert r.returncode == 2 and "chaos.min_success" in r.stderr
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text("name: s\ntimeline: {nowhere: [{fault: {kind: auth}}]}\n")
+    r = _run(str(CONFIG), "--scenario", str(scenario))
+    assert r.returncode == 2 and "timeline.nowhere" in r.stderr
+    r = _run(str(CONFIG), "--only", "nope")
+    assert r.returncode == 2 and "unknown scenario" in r.stderr
