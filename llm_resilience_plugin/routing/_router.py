@@ -467,19 +467,7 @@ class ResilientRouter(EndpointsMixin):
             operation=operation,
         )
         if self.events.active:  # for observers (logs, metrics); a call's own listener sees attempts on
-            md = clean.get("metadata")
-            tags = md.get("tags") if isinstance(md, Mapping) else None
-            started = CallStarted(
-                call_id,
-                model,
-                stream,
-                report.idempotency_key,
-                safe_metadata(md if isinstance(md, Mapping) else None),
-                [str(x) for x in tags] if isinstance(tags, list | tuple) else [],
-                messages if operation == "completion" else None,  # chat messages only
-                operation,
-            )
-            self.events.emit(started)
+            self.events.emit(_started(ctx, messages, clean))
         return ctx, clean
 
     def _shed_check(self, group: str, name: str, tier: TierPolicy, kwargs: Mapping[str, Any]) -> None:
@@ -574,3 +562,20 @@ def get_report(obj: Any) -> CallReport | None:
         return hidden[REPORT_KEY]  # type: ignore[no-any-return]
     rep = getattr(obj, REPORT_KEY, None) or getattr(obj, "report", None)
     return rep if isinstance(rep, CallReport) else None
+
+
+def _started(ctx: CallState, messages: Any, clean: Mapping[str, Any]) -> CallStarted:
+    """The event observers see when a call starts (metadata made safe, chat messages only)."""
+    md = clean.get("metadata")
+    tags = md.get("tags") if isinstance(md, Mapping) else None
+    report = ctx.report
+    return CallStarted(
+        ctx.call_id,
+        report.requested_group,
+        ctx.stream,
+        report.idempotency_key,
+        safe_metadata(md if isinstance(md, Mapping) else None),
+        [str(x) for x in tags] if isinstance(tags, list | tuple) else [],
+        messages if ctx.operation == "completion" else None,
+        ctx.operation,
+    )
