@@ -54,7 +54,11 @@ def begin(
         engine.record(call, group, level, None, held, started_wall, 0.0, wait_before, "skipped")
         raise AttemptFailed(held, None)
     limit = engine.first_chunk_timeout(call, group) if call.stream else engine.answer_timeout(call, group)
-    timeout, sent_timeout, bound = attempt_timeouts(limit, remaining)
+    # A limit learned from answer times (none of the configured ones) changes every few answers:
+    # LiteLLM gets it coarse, so it does not build a new HTTP client for each new value.
+    cap = call.opts.attempt_timeout or pol.attempt_timeout
+    learned = limit != cap and limit != pol.first_chunk_timeout and limit != call.opts.first_chunk_timeout
+    timeout, sent_timeout, bound = attempt_timeouts(limit, remaining, cap if learned else None)
     actx = AttemptContext(
         engine=engine,
         call=call,

@@ -343,14 +343,19 @@ def coarse_timeout(seconds: float, cap: float) -> float:
     return min(cap, math.ceil(seconds / step) * step)
 
 
-def attempt_timeouts(limit: float, remaining: float) -> tuple[float, float, float]:
+def attempt_timeouts(limit: float, remaining: float, cap: float | None = None) -> tuple[float, float, float]:
     """(exact timeout, the timeout sent to LiteLLM, the watchdog's hard bound) for one attempt.
 
-    LiteLLM builds and caches an HTTP client per timeout value: the rest of a deadline is a new
-    value every call, so it gets a coarse one (few values, cache hits) and the watchdog holds the
-    exact bound. A configured attempt timeout goes through as it is.
+    LiteLLM builds and caches an HTTP client (an SDK client with its own connection pool) per
+    timeout value: the rest of a deadline is a new value every call, and so is a limit learned
+    from answer times (``cap``: the configured timeout it stays under), so these get a coarse
+    value (few values, cache hits) and the watchdog holds the exact bound. A configured attempt
+    timeout goes through as it is.
     """
     timeout = min(limit, remaining)
-    sent = timeout if timeout == limit else coarse_timeout(timeout, limit)
+    if cap is not None and limit != cap:  # a learned limit: new every few answers
+        sent = coarse_timeout(timeout, cap)
+    else:
+        sent = timeout if timeout == limit else coarse_timeout(timeout, limit)
     bound = timeout if sent > timeout else timeout + 0.25
     return timeout, sent, bound

@@ -186,6 +186,16 @@ def test_attempt_timeouts_round_a_deadlines_rest_but_keep_the_exact_bound() -> N
     assert attempt_timeouts(30.0, 0.33)[1] == pytest.approx(0.4)
 
 
+def test_a_learned_limit_reaches_litellm_coarse_and_the_watchdog_holds_it_exactly() -> None:
+    """LiteLLM builds an SDK client (a connection pool) per timeout value: a limit learned from
+    answer times is new every few answers, so it is sent rounded up, never above the cap."""
+    assert attempt_timeouts(1.41, 100.0, cap=30.0) == (1.41, 2.0, 1.41)
+    assert attempt_timeouts(1.0, 100.0, cap=30.0) == (1.0, 1.0, 1.25)  # already on the grid
+    assert attempt_timeouts(29.5, 100.0, cap=30.0)[1] == 30.0  # never above the configured timeout
+    assert attempt_timeouts(2.7, 1.2, cap=30.0) == (1.2, 2.0, 1.2)  # the deadline's rest, coarse
+    assert attempt_timeouts(30.0, 100.0, cap=None) == (30.0, 30.0, 30.25)  # configured: as it is
+
+
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [
