@@ -22,10 +22,16 @@ Variants (all against the same simulator deployments, group ``primary`` with two
 - ``bare+timeout``: the same with the ``httpx.Timeout(attempt, connect=5)`` the dispatcher sends;
 - ``bare+timeout-float``: the same with the attempt timeout as a plain float;
 - ``bare+both``: metadata and ``httpx.Timeout`` together;
+- ``inner``: the ``litellm.Router`` a ``ResilientRouter(dispatch: router)`` wraps, called plainly
+  (what its construction changes);
+- ``inner+kwargs``: the same with exactly the kwargs ``RouterDispatcher.attempt_kwargs`` builds for
+  an attempt (the default 30 s attempt timeout, 5 s connect);
 - ``router``: ``ResilientRouter(dispatch: router)``;
-- ``direct``: the default ``ResilientRouter`` (direct dispatch), for reference.
+- ``direct``: the default ``ResilientRouter`` (direct dispatch), for reference;
+- ``stub`` / ``router+stub``: profile_overhead.py's stub Router (answers a captured response) alone
+  and under ``ResilientRouter(dispatch: router)``: the difference is the plugin's own work.
 
-    python benchmarks/instructions.py [--calls 30] [--rounds 2] [--concurrency 1]
+    python benchmarks/instructions.py [--calls 30] [--stub-calls 1000] [--rounds 2] [--concurrency 1]
                                       [--variants bare,router,...] [--out PATH]
 """
 
@@ -57,7 +63,19 @@ except ImportError:  # pragma: no cover
     from benchmarks.overhead import MSG, ExternalSimulator, build, model_list
 
 Call = Callable[[], Awaitable[Any]]
-VARIANTS = ("bare", "bare+metadata", "bare+timeout", "bare+timeout-float", "bare+both", "router", "direct")
+VARIANTS = (
+    "bare",
+    "bare+metadata",
+    "bare+timeout",
+    "bare+timeout-float",
+    "bare+both",
+    "inner",
+    "inner+kwargs",
+    "router",
+    "direct",
+    "stub",
+    "router+stub",
+)
 ATTEMPT_TIMEOUT = 30.0  # the policy's default attempt timeout
 CONNECT_TIMEOUT = 5.0
 
@@ -87,7 +105,7 @@ class _Sim:
         return f"{self.base_url}/{deployment}/v1"
 
 
-def systems(base_url: str, names: list[str]) -> tuple[dict[str, Call], list[Any]]:
+async def systems(base_url: str, names: list[str]) -> tuple[dict[str, Call], list[Any]]:
     """The call function of each variant, and the ResilientRouters to close at the end."""
     import httpx
     import litellm
@@ -109,6 +127,13 @@ def systems(base_url: str, names: list[str]) -> tuple[dict[str, Call], list[Any]
     }
     calls: dict[str, Call] = {}
     closers: list[Any] = []
+    stub: Any = None
+    if {"stub", "router+stub"} & set(names):  # one real response, replayed by the stub
+        try:
+            from profile_overhead import StubRouter
+        except ImportError:  # pragma: no cover
+            from benchmarks.profile_overhead import StubRouter
+        stub = StubRouter(await bare.acompletion(model="primary", messages=MSG))
     for name in names:
         if name in extra:
             more = extra[name]
@@ -117,11 +142,46 @@ def systems(base_url: str, names: list[str]) -> tuple[dict[str, Call], list[Any]
                 return await bare.acompletion(model="primary", messages=MSG, **more())
 
             calls[name] = call
+        elif name in ("stub", "router+stub"):
+            calls[name] = stub_call(name, sim, stub, closers)
+        elif name.startswith("inner"):
+            router, _ = build("resilient-router", sim)
+            closers.append(router)
+            inner, dispatcher = router.litellm_router, router.engine.dispatcher
+
+            def kwargs(name: str = name, dispatcher: Any = dispatcher) -> dict[str, Any]:
+                if name == "inner":
+                    return {}
+                tok = next(iter(token().values()))
+                return dict(dispatcher.attempt_kwargs(False, tok, ATTEMPT_TIMEOUT, CONNECT_TIMEOUT, {}))
+
+            async def call_inner(inner: Any = inner, kwargs: Callable[[], dict[str, Any]] = kwargs) -> Any:
+                return await inner.acompletion(model="primary", messages=MSG, **kwargs())
+
+            calls[name] = call_inner
         else:
             router, call = build({"router": "resilient-router", "direct": "resilient"}[name], sim)
             closers.append(router)
             calls[name] = call
     return calls, closers
+
+
+def stub_call(name: str, sim: _Sim, stub: Any, closers: list[Any]) -> Call:
+    """A call of profile_overhead.py's stub Router, alone or through the plugin."""
+    try:
+        from profile_overhead import stubbed
+    except ImportError:  # pragma: no cover
+        from benchmarks.profile_overhead import stubbed
+    if name == "stub":
+
+        async def alone() -> Any:
+            return await stub.acompletion(model="primary", messages=MSG)
+
+        return alone
+    router, call = build("resilient-router", sim)
+    closers.append(router)
+    stubbed(router, stub)
+    return call
 
 
 async def _batch(call: Call, n: int, concurrency: int) -> None:
@@ -145,6 +205,11 @@ def _client_keys() -> set[str]:
     return set(getattr(litellm.in_memory_llm_clients_cache, "cache_dict", {}))
 
 
+def _calls(args: argparse.Namespace, name: str) -> int:
+    """Calls per segment: the stub variants are ~500x cheaper, so they run more."""
+    return args.stub_calls if "stub" in name else args.calls
+
+
 class _GcCount:
     def __init__(self) -> None:
         self.runs = [0, 0, 0]
@@ -158,7 +223,7 @@ async def client(args: argparse.Namespace) -> dict[str, Any]:
     """Under callgrind: warm every variant, then count each one's segments."""
     lib = ctypes.CDLL(args.helper)
     lib.cg_dump.argtypes = [ctypes.c_char_p]
-    calls, closers = systems(args.base_url, args.variants)
+    calls, closers = await systems(args.base_url, args.variants)
     for call in calls.values():  # uninstrumented warm-up: connections, caches, code paths
         await _batch(call, 20, args.concurrency)
     await _drain()
@@ -175,7 +240,7 @@ async def client(args: argparse.Namespace) -> dict[str, Any]:
             keys = _client_keys()
             gc.callbacks.append(counter)
             lib.cg_zero()
-            await _batch(calls[name], args.calls, args.concurrency)
+            await _batch(calls[name], _calls(args, name), args.concurrency)
             await _drain()
             lib.cg_dump(f"{name}#{r}".encode())
             gc.callbacks.remove(counter)
@@ -228,6 +293,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 str(work / "gc.json"),
                 "--calls",
                 str(args.calls),
+                "--stub-calls",
+                str(args.stub_calls),
                 "--rounds",
                 str(args.rounds),
                 "--concurrency",
@@ -244,25 +311,30 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         sim.stop()
     rows: dict[str, Any] = {}
     for name in args.variants:
-        per_call = [c / args.calls for c in counts.get(name, [])]
+        per_call = [c / _calls(args, name) for c in counts.get(name, [])]
         rows[name] = {
             "instructions_per_call": statistics.median(per_call) if per_call else None,
             "segments": per_call,
             "gc_runs_per_segment": side["gc"].get(name),
             "new_litellm_clients_per_segment": side["clients"].get(name),
         }
-    return {"calls": args.calls, "rounds": args.rounds, "concurrency": args.concurrency, "variants": rows}
+    return {
+        "calls": args.calls,
+        "stub_calls": args.stub_calls,
+        "rounds": args.rounds,
+        "concurrency": args.concurrency,
+        "variants": rows,
+    }
 
 
 def print_table(result: dict[str, Any]) -> None:
     rows = result["variants"]
-    base = (rows.get("bare") or {}).get("instructions_per_call")
     print(
-        f"instructions per call ({result['rounds']} rounds of {result['calls']} calls, "
-        f"{result['concurrency']} at once; callgrind, client process only)"
+        f"instructions per call ({result['rounds']} rounds of {result['calls']} calls, stub variants "
+        f"{result['stub_calls']}, {result['concurrency']} at once; callgrind, client process only)"
     )
     print(
-        "| variant | instructions per call | vs bare | spread over rounds | GC runs per segment "
+        "| variant | instructions per call | vs bare (stub) | spread over rounds | GC runs per segment "
         "(gen 0/1/2) | new LiteLLM clients per segment |"
     )
     print("|---|---:|---:|---:|---|---|")
@@ -271,7 +343,8 @@ def print_table(result: dict[str, Any]) -> None:
         if ipc is None:
             print(f"| {name} | - | - | - | - | - |")
             continue
-        delta = f"{(ipc - base) / 1e3:+.0f} k" if base is not None and name != "bare" else "-"
+        base = (rows.get("stub" if "stub" in name else "bare") or {}).get("instructions_per_call")
+        delta = f"{(ipc - base) / 1e3:+.0f} k" if base is not None and name not in ("bare", "stub") else "-"
         spread = f"{(max(row['segments']) - min(row['segments'])) / 1e3:.0f} k"
         gc_runs = "; ".join("/".join(str(n) for n in runs) for runs in row["gc_runs_per_segment"] or [])
         clients = ", ".join(str(n) for n in row["new_litellm_clients_per_segment"] or [])
@@ -281,6 +354,7 @@ def print_table(result: dict[str, Any]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--calls", type=int, default=30, help="calls per counted segment")
+    ap.add_argument("--stub-calls", type=int, default=1000, help="calls per segment of the stub variants")
     ap.add_argument("--rounds", type=int, default=2, help="segments per variant (order reversed each round)")
     ap.add_argument("--concurrency", type=int, default=1)
     ap.add_argument(
