@@ -3,17 +3,18 @@
 Wall-clock ratios (benchmarks/overhead.py) need a quiet machine. This script measures CPU, which a
 busy machine disturbs far less, in two ways:
 
-- **stub** (default, no sockets, a few seconds): the wrapped ``litellm.Router`` is replaced by a
-  stub whose ``acompletion`` returns a real response captured once from the simulator. Everything
-  a call then costs beyond the stub is the plugin's own work: ``ResilientRouter.acompletion``
-  minus the stub called directly, as the median over ``--rounds`` alternating rounds of
-  ``--calls`` calls (``time.process_time``), one at a time and ``--concurrency`` at once (the stub
-  yields to the loop once, as a request would). ``--profile`` adds a cProfile of the plugin's path
-  (every function's own time per call, whatever module it is in: with the stub, all of it is the
-  plugin's doing). cProfile inflates call-heavy code: read it for shares, the CPU figure for size.
-  Also printed: the GC-tracked objects each call holds while ``--concurrency`` calls are in
-  flight - they bring the next collection closer, and with many LiteLLM requests in flight a
-  collection of the older generation costs milliseconds (see docs/benchmarks.md).
+- **stub** (default, no sockets, a few seconds): ``ResilientRouter(dispatch: router)``'s wrapped
+  ``litellm.Router`` is replaced by a stub whose ``acompletion`` returns a real response captured
+  once from the simulator. Everything a call then costs beyond the stub is the plugin's own
+  work: ``ResilientRouter.acompletion`` minus the stub called directly, as the median over
+  ``--rounds`` alternating rounds of ``--calls`` calls (``time.process_time``), one at a time and
+  ``--concurrency`` at once (the stub yields to the loop once, as a request would). ``--profile``
+  adds a cProfile of the plugin's path (every function's own time per call, whatever module it is
+  in: with the stub, all of it is the plugin's doing). cProfile inflates call-heavy code: read it
+  for shares, the CPU figure for size. Also printed: the GC-tracked objects each call holds while
+  ``--concurrency`` calls are in flight - they bring the next collection closer, and with many
+  LiteLLM requests in flight a collection of the older generation costs milliseconds (see
+  docs/benchmarks.md).
 - **live** (``--live``): both routers against the simulator (its own process), alternating blocks
   (ABBA) of ``--block`` calls; the plugin's own CPU is the median of (plugin - bare) per block
   pair. This also catches work the plugin makes LiteLLM do (kwargs, metadata, hooks), but its
@@ -21,7 +22,7 @@ busy machine disturbs far less, in two ways:
 
     python benchmarks/profile_overhead.py [--rounds 15] [--calls 2000] [--concurrency 50]
                                           [--profile] [--top 25]
-                                          [--live] [--blocks 40] [--block 20]
+                                          [--live] [--blocks 40] [--block 20] [--dispatch router]
 """
 
 from __future__ import annotations
@@ -185,7 +186,7 @@ async def stub_mode(args: argparse.Namespace) -> None:
     try:  # one real response, captured and replayed
         _, bare_call = build("bare", sim)
         response = await bare_call()
-        plugin_router, _ = build("resilient", sim)
+        plugin_router, _ = build("resilient-router", sim)  # the stub stands in for the Router it wraps
     finally:
         sim.stop()
     stub = StubRouter(response)
@@ -221,7 +222,8 @@ async def stub_mode(args: argparse.Namespace) -> None:
 async def live_mode(args: argparse.Namespace) -> None:
     sim = ExternalSimulator()
     try:
-        built = {kind: build(kind, sim) for kind in ("bare", "resilient")}
+        plugin_kind = "resilient-router" if args.dispatch == "router" else "resilient"
+        built = {"bare": build("bare", sim), "resilient": build(plugin_kind, sim)}
         systems = {kind: call for kind, (_, call) in built.items()}
         for call in systems.values():  # warm connections, caches, code paths
             await _run(call, 100, max(args.concurrency, 1))
@@ -252,6 +254,12 @@ def main() -> None:
     ap.add_argument("--live", action="store_true", help="against the simulator instead of the stub")
     ap.add_argument("--blocks", type=int, default=40, help="live: block pairs")
     ap.add_argument("--block", type=int, default=20, help="live: sequential calls per block")
+    ap.add_argument(
+        "--dispatch",
+        choices=("router", "auto"),
+        default="router",
+        help="live: the plugin's dispatch (router: the wrapped Router; auto: direct where equivalent)",
+    )
     args = ap.parse_args()
     asyncio.run(live_mode(args) if args.live else stub_mode(args))
 
