@@ -9,21 +9,10 @@ left in the loop's heap, which is measurable on healthy calls (benchmarks/overhe
 from __future__ import annotations
 
 import asyncio
-import itertools
 import weakref
-from dataclasses import dataclass
 
 # How often the sweep runs while attempts are in flight; an overrun attempt ends at most this late.
 SWEEP_INTERVAL = 0.05
-
-
-@dataclass(slots=True)
-class Watch:
-    """One guarded attempt: its task and loop-time expiry; ``fired`` once the watchdog cancelled it."""
-
-    task: asyncio.Task[object]
-    expires_at: float
-    fired: bool = False
 
 
 class _LoopWatchdog:
@@ -31,24 +20,19 @@ class _LoopWatchdog:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = weakref.ref(loop)
-        self._watches: dict[int, Watch] = {}
-        self._ids = itertools.count()
+        # The guards in flight (a dict as an ordered set): each guard is its own entry, so arming
+        # one allocates nothing beyond the guard itself.
+        self._watches: dict[AttemptWatchdog, None] = {}
         self._armed = False  # a sweep is scheduled (a flag: a handle would hold the loop strongly)
 
-    def add(self, loop: asyncio.AbstractEventLoop, seconds: float) -> tuple[int, Watch]:
-        task = asyncio.current_task(loop)
-        if task is None:
-            raise RuntimeError("the attempt watchdog needs a running task")
-        watch = Watch(task, loop.time() + seconds)
-        key = next(self._ids)
-        self._watches[key] = watch
+    def add(self, loop: asyncio.AbstractEventLoop, watch: AttemptWatchdog) -> None:
+        self._watches[watch] = None
         if not self._armed:
             loop.call_later(SWEEP_INTERVAL, self._sweep)
             self._armed = True
-        return key, watch
 
-    def remove(self, key: int) -> None:
-        self._watches.pop(key, None)
+    def remove(self, watch: AttemptWatchdog) -> None:
+        self._watches.pop(watch, None)
 
     def _sweep(self) -> None:
         self._armed = False
@@ -56,12 +40,11 @@ class _LoopWatchdog:
         if loop is None:  # pragma: no cover - the loop runs this callback, so it is alive
             return
         now = loop.time()
-        for key, watch in list(self._watches.items()):
+        for watch in list(self._watches):
             if watch.expires_at <= now:
-                del self._watches[key]
+                del self._watches[watch]
                 if not watch.task.done():
-                    watch.fired = True
-                    watch.task.cancel()
+                    watch.fire()
         if self._watches:
             loop.call_later(SWEEP_INTERVAL, self._sweep)
             self._armed = True
@@ -92,25 +75,35 @@ class AttemptWatchdog:
     ``TimeoutError``, as with ``asyncio.timeout``; a cancellation from elsewhere stays one.
     """
 
-    __slots__ = ("_cancelling", "_dog", "_key", "_seconds", "_watch", "_what")
+    __slots__ = ("_cancelling", "_dog", "_fired", "_seconds", "_what", "expires_at", "task")
 
     def __init__(self, seconds: float, what: str = "attempt") -> None:
         self._seconds = seconds
         self._what = what
+        self._fired = False
 
     def __enter__(self) -> AttemptWatchdog:
         loop = asyncio.get_running_loop()
+        task = asyncio.current_task(loop)
+        if task is None:
+            raise RuntimeError("the attempt watchdog needs a running task")
+        self.task: asyncio.Task[object] = task
+        self.expires_at = loop.time() + self._seconds  # loop time
+        self._cancelling = task.cancelling()
         dog = self._dog = _watchdog(loop)
-        self._key, self._watch = dog.add(loop, self._seconds)
-        self._cancelling = self._watch.task.cancelling()
+        dog.add(loop, self)
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
-        self._dog.remove(self._key)
-        watch = self._watch
-        if watch.fired and exc_type is asyncio.CancelledError and watch.task.uncancel() <= self._cancelling:
+        self._dog.remove(self)
+        if self._fired and exc_type is asyncio.CancelledError and self.task.uncancel() <= self._cancelling:
             raise TimeoutError(f"{self._what} exceeded {self._seconds:.2f}s") from exc
+
+    def fire(self) -> None:
+        """The bound passed: cancel the guarded task (the sweep calls this)."""
+        self._fired = True
+        self.task.cancel()
 
     @property
     def fired(self) -> bool:
-        return self._watch.fired
+        return self._fired
