@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 import itertools
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from llm_resilience_plugin._engine.breakers import Admission, DeploymentBreaker
@@ -62,14 +62,22 @@ class AttemptContext:
     # (guard, token) per guard consulted; an empty tuple until the first guard is consulted.
     guard_tokens: Sequence[tuple[AttemptGuard, Any]] = ()
     # What the dispatcher holds for this attempt (hooks, registrations), let go once the engine
-    # has accounted for the outcome.
-    cleanups: list[Callable[[], None]] = field(default_factory=list)
+    # has accounted for the outcome; None until the first (most attempts hold nothing).
+    cleanups: list[Callable[[], None]] | None = None
+
+    def on_clean_up(self, fn: Callable[[], None]) -> None:
+        """Have :meth:`clean_up` call ``fn`` (once)."""
+        if self.cleanups is None:
+            self.cleanups = [fn]
+        else:
+            self.cleanups.append(fn)
 
     def clean_up(self) -> None:
         """Run and forget the dispatcher's cleanups (each once)."""
-        cleanups, self.cleanups = self.cleanups, []
-        for fn in cleanups:
-            fn()
+        cleanups, self.cleanups = self.cleanups, None
+        if cleanups:
+            for fn in cleanups:
+                fn()
 
     def settle_guards(
         self,

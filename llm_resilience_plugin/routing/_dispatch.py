@@ -36,10 +36,6 @@ class NoSdkRetries(int):
 NO_SDK_RETRIES = NoSdkRetries()
 
 
-def _forget(token: str) -> None:
-    ATTEMPTS.pop(token, None)
-
-
 class RouterDispatcher:
     """Sends an attempt as ``litellm.Router.acompletion`` for the attempt's model group (or the
     Router's function for the call's operation: ``aembedding``, ``aresponses``, ...)."""
@@ -107,13 +103,12 @@ class RouterDispatcher:
         # hedge must know it while the request is in flight); the rest (every breaker closed, no
         # guard) read it back from the metadata LiteLLM fills in.
         precise = filtered or bool(engine.guards) or attempt.hedged
-        attempt.cleanups.append(lambda: _forget(token))
         if filtered:
             FILTER.acquire()
-            attempt.cleanups.append(FILTER.release)
+            attempt.on_clean_up(FILTER.release)
         if precise:
             PICK.acquire()
-            attempt.cleanups.append(PICK.release)
+            attempt.on_clean_up(PICK.release)
         md: Mapping[str, Any] | None = None
         try:
             op = call.operation
@@ -138,6 +133,8 @@ class RouterDispatcher:
             if not precise:
                 attempt.learn(picked_in(md), epoch)
             raise
+        finally:  # the hooks find an attempt by its token only while its request is going out
+            ATTEMPTS.pop(token, None)
         if call.stream:
             if not precise:
                 attempt.learn(picked_in(md), epoch)
