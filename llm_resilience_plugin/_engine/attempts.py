@@ -45,12 +45,12 @@ def begin(
             None,
             DeadlineSkip("call deadline exhausted"),
         )
-        call.failures.append(failure)
+        call.add_failure(failure)
         engine.record(call, group, level, None, failure, started_wall, 0.0, wait_before, "skipped")
         raise AttemptFailed(failure, None)
     held = engine.held_back(call, group) if not exclude else None
     if held is not None:  # every deployment asked to be left alone for now: wait or fail over
-        call.failures.append(held)
+        call.add_failure(held)
         engine.record(call, group, level, None, held, started_wall, 0.0, wait_before, "skipped")
         raise AttemptFailed(held, None)
     limit = engine.first_chunk_timeout(call, group) if call.stream else engine.answer_timeout(call, group)

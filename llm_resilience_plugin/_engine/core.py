@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import tenacity
@@ -221,18 +221,35 @@ class CallState:
     stream: bool
     listener: Listener | None
     before_retry: BeforeRetry | None
-    failed: set[str] = field(default_factory=set)
-    never_again: set[str] = field(default_factory=set)
+    # The deployments that failed this call and those it must not use again, and its failures in
+    # order: immutable, shared empty values until the first failure (a healthy call allocates
+    # none of them); change them with :meth:`add_failure`, :meth:`mark_failed`, :meth:`avoid`.
+    failed: frozenset[str] = frozenset()
+    never_again: frozenset[str] = frozenset()
     attempt_no: int = 0
     next_wait: float = 0.0
-    failures: list[Failure] = field(default_factory=list)
-    opts: CallOptions = field(default_factory=lambda: NO_OPTIONS)
+    failures: Sequence[Failure] = ()
+    opts: CallOptions = NO_OPTIONS
     tier: TierPolicy | None = None
     require_prefill: bool = False
     out_of_time: bool = False  # a retry or fallback was given up because it would not fit
     served: Served | None = None  # the last answer, as its attempt read it
     context: Any = None  # what the dispatcher needs for this call (e.g. a LangChain run's config)
     operation: str = "completion"  # which LiteLLM call each attempt makes (see _engine.dispatch)
+
+    def add_failure(self, failure: Failure) -> None:
+        """Count one more failure of this call (an attempt's, or a route skipped)."""
+        self.failures = (*self.failures, failure)
+
+    def mark_failed(self, dep: str) -> None:
+        """``dep`` failed this call: prefer other deployments from now on."""
+        if dep not in self.failed:
+            self.failed = self.failed | {dep}
+
+    def avoid(self, dep: str) -> None:
+        """Never send this call to ``dep`` again."""
+        if dep not in self.never_again:
+            self.never_again = self.never_again | {dep}
 
 
 def next_route(

@@ -412,7 +412,7 @@ class Engine:
     ) -> None:
         """Count a failure: breaker (only if it is the deployment's fault), Retry-After hold,
         retry budget, where this call may go next, guards, the record."""
-        call.failures.append(failure)
+        call.add_failure(failure)
         if actx.guard_tokens:
             billable = actx.sent and failure.status is None and failure.error_class in _NO_ANSWER
             actx.settle_guards(None, None, failure, billable=billable)
@@ -434,12 +434,12 @@ class Engine:
         if counts:
             self.budgets[group].on_failure()
         if dep is not None:
-            call.failed.add(dep)
+            call.mark_failed(dep)
             # A long silence then an error is a silent deployment whatever the class says (a
             # connection held 15 s then dropped): never wait on it twice in one call.
             silent = actx.timeout_s > 0 and latency > actx.timeout_s / 2
             if self.avoid_failed and (silent or not pol.classes[failure.error_class].same_deployment):
-                call.never_again.add(dep)
+                call.avoid(dep)
         sent = actx.sent or (dep is not None and failure.error_class is not ErrorClass.CIRCUIT_OPEN)
         outcome = "failure" if sent else "skipped"
         self.record(call, group, level, actx, failure, started_wall, latency, wait_before, outcome)

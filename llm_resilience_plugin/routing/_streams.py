@@ -239,7 +239,7 @@ class ResilientStream:
         self._fail(exc, final=False)
         failure = classify(exc)
         if self._actx.picked is not None:
-            ctx.never_again.add(self._actx.picked)  # resume somewhere else: this one just broke
+            ctx.avoid(self._actx.picked)  # resume somewhere else: this one just broke
         self.report.stream_restarts += 1
         if ctx.deadline.remaining() <= engine.policy.min_attempt_time:
             self._give_up(failure)
