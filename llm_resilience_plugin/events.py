@@ -231,7 +231,7 @@ class CallReport:
     started_at: float
     # Read through ``attempts``. The last attempt's record may wait as its field values until
     # then: when no listener takes records as they happen, most calls never build one.
-    _attempts: list[AttemptRecord] = field(default_factory=list)
+    _attempts: list[AttemptRecord] | None = None  # made on first read (most calls: never)
     _pending: tuple[Any, ...] | None = field(default=None, compare=False)
     served_group: str | None = None
     deployment_id: str | None = None
@@ -244,7 +244,8 @@ class CallReport:
     usage: dict[str, int] | None = None
     response_cost: float | None = None
     priority: str | None = None
-    degraded: list[str] = field(default_factory=list)
+    # Read and changed through ``degraded``; None until then (most calls never degrade).
+    _degraded: list[str] | None = None
     hedged: bool = False
     replayed: bool = False
     stream_restarts: int = 0
@@ -256,10 +257,25 @@ class CallReport:
     @property
     def attempts(self) -> list[AttemptRecord]:
         """Every attempt (and skipped route) of the call, in order."""
+        attempts = self._attempts
+        if attempts is None:
+            attempts = self._attempts = []
         if self._pending is not None:
             pending, self._pending = self._pending, None
-            self._attempts.append(AttemptRecord(*pending))
-        return self._attempts
+            attempts.append(AttemptRecord(*pending))
+        return attempts
+
+    @property
+    def degraded(self) -> list[str]:
+        """How the answer was degraded to be had (context trimmed, a fallback level's limits, a
+        static answer), in order; empty when it was not."""
+        if self._degraded is None:
+            self._degraded = []
+        return self._degraded
+
+    @degraded.setter
+    def degraded(self, value: list[str]) -> None:
+        self._degraded = value
 
     def defer_attempt(self, values: tuple[Any, ...]) -> None:
         """Add an attempt as :class:`AttemptRecord`'s field values, built when first read."""
@@ -268,8 +284,10 @@ class CallReport:
         self._pending = values
 
     def __repr__(self) -> str:
-        shown = (f for f in fields(self) if not f.name.startswith("_"))
-        inner = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in shown)
+        shown = (
+            f.name.lstrip("_") for f in fields(self) if f.name == "_degraded" or not f.name.startswith("_")
+        )
+        inner = ", ".join(f"{name}={getattr(self, name)!r}" for name in shown)
         return f"CallReport({inner}, attempts={self.attempts!r})"
 
     @property
@@ -314,7 +332,7 @@ class CallReport:
             "response_cost": self.response_cost,
             "idempotency_key": self.idempotency_key,
             "priority": self.priority,
-            "degraded": list(self.degraded),
+            "degraded": list(self._degraded or ()),
             "hedged": self.hedged,
             "replayed": self.replayed,
             "stream_restarts": self.stream_restarts,

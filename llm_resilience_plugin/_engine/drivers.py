@@ -11,7 +11,7 @@ import asyncio
 import concurrent.futures
 import threading
 from collections.abc import Callable, Coroutine, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import tenacity
@@ -51,12 +51,17 @@ class _Walk:
     kwargs: dict[str, Any]
     group: str = ""
     level: int = 0
-    tried: list[str] = field(default_factory=list)
+    tried: list[str] | None = None  # the groups walked, made on the first fallback decision
     trimmed: bool = False
 
     def __post_init__(self) -> None:
         self.group = self.requested
-        self.tried = [self.requested]
+
+    def walked(self) -> list[str]:
+        """The groups walked so far, the requested one first."""
+        if self.tried is None:
+            self.tried = [self.requested]
+        return self.tried
 
 
 # Operations whose kwargs a degradation level may change (max_tokens, tools).
@@ -74,7 +79,7 @@ def _after_exhausted(
     degradation = engine.policies[walk.requested].degradation
     chain = engine.fallback_chain(walk.requested, failure.error_class)
     nxt = next_route(
-        call, engine.policy, engine.policies[walk.requested], chain, failure, walk.tried, walk.level
+        call, engine.policy, engine.policies[walk.requested], chain, failure, walk.walked(), walk.level
     )
     if (
         nxt is None
@@ -103,7 +108,7 @@ def _after_exhausted(
         err = final_error(call, engine.policy.min_attempt_time, engine.as_itself)
         raise err from err.__cause__
     engine.emit(call, FallbackTaken(call.call_id, walk.group, nxt, walk.level + 1, failure.error_class))
-    walk.tried.append(nxt)
+    walk.walked().append(nxt)
     walk.group = nxt
     walk.level += 1
     if engine.degrades:
