@@ -16,7 +16,14 @@ from llm_resilience_plugin._engine.attempt import AttemptContext
 from llm_resilience_plugin._engine.dispatch import CHAT, PAYLOAD_KEYS
 from llm_resilience_plugin._engine.engine import Engine, served_deployment
 from llm_resilience_plugin._engine.watchdog import AttemptWatchdog
-from llm_resilience_plugin.events import CallReport, attach_report, fill_from_response, usage_of
+from llm_resilience_plugin.events import (
+    REPORT_KEY,
+    CallReport,
+    attach_report,
+    fill_from_response,
+    hidden_params_of,
+    usage_of,
+)
 from llm_resilience_plugin.routing._hooks import ATTEMPTS, FILTER, META_KEY, PICK, picked_in
 from llm_resilience_plugin.routing._streams import ResilientStream, StaticStream, discard, prefetch_stream
 
@@ -181,8 +188,19 @@ class RouterDispatcher:
         stream fills its report as it ends."""
         if isinstance(result, ResilientStream):
             return
-        fill_from_response(report, result, usage_of(result) if usage is None else usage)
-        attach_report(result, report)
+        if usage is None:
+            usage = usage_of(result)
+        hidden = hidden_params_of(result)
+        if hidden is None:
+            fill_from_response(report, result, usage)
+            attach_report(result, report)
+            return
+        # fill_from_response and attach_report in one read of LiteLLM's hidden params
+        report.served_model = getattr(result, "model", None)
+        cost = hidden.get("response_cost")
+        report.response_cost = float(cost) if isinstance(cost, int | float) else None
+        report.usage = usage
+        hidden[REPORT_KEY] = report
 
     async def discard(self, result: Any) -> None:
         """Close a result nobody will read (the loser of a hedge)."""
