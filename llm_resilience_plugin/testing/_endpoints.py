@@ -38,7 +38,7 @@ from aiohttp import web
 from llm_resilience_plugin.testing._intake import Admissions, Intake, Rejection
 from llm_resilience_plugin.testing._messages import JSONDict, content_text, default_text, estimate_tokens
 from llm_resilience_plugin.testing._state import SimulatorState
-from llm_resilience_plugin.testing._writers import Call, send_events, send_json
+from llm_resilience_plugin.testing._writers import Call, send_events, send_json, sse_event
 
 __all__ = ["DEFAULT_DIMENSION", "OtherEndpoints", "embedding_vector"]
 
@@ -68,11 +68,6 @@ def embedding_vector(deployment: str, text: str, dimension: int) -> list[float]:
     raw = raw[:dimension]
     norm = math.sqrt(sum(x * x for x in raw)) or 1.0
     return [x / norm for x in raw]
-
-
-def _sse(payload: JSONDict, event: str | None = None) -> bytes:
-    data = b"data: " + json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
-    return (f"event: {event}\n".encode() + data) if event else data
 
 
 def _texts(value: Any) -> list[str]:
@@ -230,7 +225,7 @@ class OtherEndpoints:
             return await send_json(call, {**base, "choices": [choice], "usage": usage})
 
         def chunk(text: str, reason: str | None) -> bytes:
-            return _sse(
+            return sse_event(
                 {**base, "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": reason}]}
             )
 
@@ -238,7 +233,7 @@ class OtherEndpoints:
         closing = [chunk("", finish)]
         options = body.get("stream_options")
         if isinstance(options, dict) and options.get("include_usage") is True:
-            closing.append(_sse({**base, "choices": [], "usage": usage}))
+            closing.append(sse_event({**base, "choices": [], "usage": usage}))
         closing.append(_DONE)
         return await self._send_events(call, events, closing)
 
@@ -315,7 +310,7 @@ class OtherEndpoints:
         seq = itertools.count()
 
         def event(kind: str, **fields: Any) -> bytes:
-            return _sse({"type": kind, "sequence_number": next(seq), **fields}, kind)
+            return sse_event({"type": kind, "sequence_number": next(seq), **fields}, kind)
 
         at = {"item_id": mid, "output_index": 0, "content_index": 0}
         opening = [

@@ -39,6 +39,7 @@ __all__ = [
     "send_events",
     "send_json",
     "send_stream",
+    "sse_event",
 ]
 
 
@@ -55,6 +56,12 @@ class Call:
     stream: bool
     prompt_tokens: int
     number: int
+
+
+def sse_event(payload: JSONDict, event: str | None = None) -> bytes:
+    """One server-sent event: ``data: <compact JSON>``, after ``event: <event>`` when named."""
+    data = b"data: " + json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
+    return (f"event: {event}\n".encode() + data) if event else data
 
 
 def format_retry_after(value: float | str) -> str:
