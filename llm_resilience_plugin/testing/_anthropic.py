@@ -23,6 +23,15 @@ Every fault applies as for chat: ``http_error`` as ``{"type": "error", "error": 
 ``after_chunks`` content deltas (the opening events travel with the first), ``malformed_chunk``
 (an invalid ``content_block_delta``; a truncated body when not streaming) and ``no_done`` (the
 stream ends without ``message_stop``).
+
+How LiteLLM 1.110's ``anthropic/`` provider surfaces them (``num_retries=0``): 429
+``RateLimitError`` (``Retry-After`` in ``litellm_response_headers``, not ``e.response``), 500
+``InternalServerError``, 503 ``ServiceUnavailableError``, 529 ``InternalServerError`` with status
+**500** (the httpx response in the cause chain keeps 529), 401 ``AuthenticationError``, the
+context overflow ``ContextWindowExceededError``, a refused ``tool_result`` ``BadRequestError``, a
+reset ``InternalServerError`` ("Connection reset by peer"), silence ``Timeout``; a cut or
+malformed stream ``MidStreamFallbackError`` while iterating, a malformed body
+``APIConnectionError``; ``no_done`` is accepted.
 """
 
 from __future__ import annotations
