@@ -77,7 +77,7 @@ Fault kinds (constructors on :class:`Fault`, all returning a frozen :class:`Beha
     An OpenAI-shaped error body ``{"error": {"message", "type", "param": null, "code"}}``.
     ``retry_after`` becomes a ``Retry-After`` header: a number is sent as seconds (``2``,
     ``0.5``), a string as is (for example an HTTP-date).  Shorthands: ``rate_limit()`` (429,
-    type and code ``rate_limit_exceeded``), ``server_error(status=500)``, ``overloaded()``
+    type and code ``rate_limit_exceeded``), ``server_error(status=500)``, ``overloaded(retry_after=None)``
     (529, Anthropic-style ``overloaded_error`` / ``"Overloaded"``), ``auth()`` (401
     ``invalid_api_key``), ``context_length(limit=8192)`` (400 ``context_length_exceeded`` with
     OpenAI's "This model's maximum context length is ..." message), ``content_filter()`` (400
