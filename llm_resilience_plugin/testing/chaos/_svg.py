@@ -30,7 +30,7 @@ _BANDS = {"open": "#f4a6a6", "half_open": "#f9d99a"}
 PAGE_STYLE = """
 body{font:14px system-ui,sans-serif;margin:1.5em;color:#222}
 pre{font-size:12px;background:#f6f6f6;padding:.6em;overflow:auto}
-section{margin:1.2em 0}.pair{display:flex;flex-wrap:wrap;gap:1.2em}
+section{margin:1.2em 0}.pair{display:flex;flex-wrap:wrap;gap:1.2em}figure{margin:0}
 svg text{font:10px system-ui,sans-serif;fill:#333}
 svg [data-tip]{cursor:crosshair}svg [data-tip]:hover{stroke:#000;stroke-width:1}
 #tip{position:sticky;bottom:0;background:#fffbe6;border-top:1px solid #ccc;padding:.4em;
