@@ -27,3 +27,7 @@ class ObservabilityPolicy(BaseModel):
         default="auto", description="Prometheus metrics in the default registry (the `prometheus` extra)."
     )
     capture_content: bool = Field(default=False, description="Put message content on spans (opt-in).")
+    budget_scope_values: bool = Field(
+        default=False,
+        description="A scoped cost budget's gauges per scope value (a tenant becomes a label; opt-in).",
+    )
