@@ -2,9 +2,9 @@
 
 One span per logical call (``{operation} {group}``: ``chat``, ``embeddings``, ...; kind CLIENT, a
 child of the span current when the call started) and one child span per attempt that sent a
-request, timed from the attempt's
-record; retries, fallbacks, hedges, skipped routes, stream restarts and breaker transitions are
-span events. Resilience facts live under ``llm_resilience.*``. Needs ``opentelemetry-api`` only.
+request, timed from the attempt's record; retries, fallbacks, hedges, skipped routes, stream
+restarts and breaker transitions are span events. Resilience facts live under
+``llm_resilience.*``. Needs ``opentelemetry-api`` only.
 """
 
 from __future__ import annotations
