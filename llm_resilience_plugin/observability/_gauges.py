@@ -67,11 +67,12 @@ def budget_rows(router: Any, *, scope_values: bool = False) -> list[BudgetRow]:
         except Exception:
             log.debug("budget usage unavailable for metrics", exc_info=True)
             continue
-        rows.extend(_rows(budget_set.budgets, usages, scope_values))
+        rows.extend(budget_rows_of(budget_set.budgets, usages, scope_values))
     return rows
 
 
-def _rows(budgets: Iterable[Any], usages: Iterable[Any], scope_values: bool) -> list[BudgetRow]:
+def budget_rows_of(budgets: Iterable[Any], usages: Iterable[Any], scope_values: bool) -> list[BudgetRow]:
+    """The rows of ``budgets`` given their current-window ``usages`` (ledger ``KeyUsage`` rows)."""
     by_name: dict[str, list[Any]] = {}
     for u in usages:
         by_name.setdefault(u.budget, []).append(u)
@@ -94,9 +95,10 @@ def _rows(budgets: Iterable[Any], usages: Iterable[Any], scope_values: bool) -> 
 
 def hedge_won(report: CallReport) -> str | None:
     """The model group whose hedge answered a hedged call, or None (the first attempt answered,
-    or nothing did). The hedge answered when the answering attempt overlapped the attempt just
-    before it (still in flight when the answering one started: only a hedge is sent then); a
-    sequential retry starts after its predecessor ended."""
+    or nothing did). The hedge answered when another attempt started before the answering one
+    and was still in flight when it started (only a hedge is sent then); a sequential retry
+    starts after the attempts before it ended. Read from times, not attempt numbers: a record's
+    number is the call's count when it ends, so both sides of a race can carry the same one."""
     if not report.hedged or report.outcome != "success":
         return None
     attempts = report.attempts
@@ -104,9 +106,10 @@ def hedge_won(report: CallReport) -> str | None:
     if answer is None:
         return None
     for a in attempts:
-        if a.attempt == answer.attempt - 1 and a.outcome != "skipped":
-            overlapped = a.started_at + a.latency_s > answer.started_at + _OVERLAP_S
-            return answer.model_group if overlapped else None
+        if a is answer or a.outcome == "skipped" or a.started_at >= answer.started_at:
+            continue
+        if a.started_at + a.latency_s > answer.started_at + _OVERLAP_S:
+            return answer.model_group
     return None
 
 

@@ -7,9 +7,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 ObservabilitySwitch = Literal["auto", "on", "off"]
 
@@ -27,6 +27,14 @@ class ObservabilityPolicy(BaseModel):
         default="auto", description="Prometheus metrics in the default registry (the `prometheus` extra)."
     )
     capture_content: bool = Field(default=False, description="Put message content on spans (opt-in).")
+    @field_validator("otel", "prometheus", mode="before")
+    @classmethod
+    def _yaml_booleans(cls, value: Any) -> Any:
+        """YAML reads a bare ``on`` / ``off`` as true / false: take them as the switch meant."""
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        return value
+
     budget_scope_values: bool = Field(
         default=False,
         description="A scoped cost budget's gauges per scope value (a tenant becomes a label; opt-in).",
