@@ -362,7 +362,7 @@ class OtelMetrics:
         self.router = router
         self.deployments: dict[str, DeploymentInfo] = {d.id: d for d in router.deployments()}
         m = metrics.get_meter(SCOPE, version, meter_provider=meter_provider)
-        self.meter = m
+        self.provider = meter_provider if meter_provider is not None else metrics.get_meter_provider()
         self.duration = m.create_histogram(
             "gen_ai.client.operation.duration",
             unit="s",
@@ -401,7 +401,7 @@ class OtelMetrics:
         self.hedges_won = m.create_counter(
             f"{sc.NS}.hedges.won", unit="{hedge}", description="Hedged calls answered by the hedge"
         )
-        self._observed = observe(m, router, scope_values=scope_values)
+        self._observed = observe(self.provider, m, router, scope_values=scope_values)
         for dep_id, snap in router.breakers().items():
             self.breaker_state.set(
                 sc.breaker_value(snap.get("state")),
@@ -410,7 +410,7 @@ class OtelMetrics:
 
     def close(self) -> None:
         """Stop reporting this router's gauges (its counters simply stop growing)."""
-        unobserve(self.meter, self._observed)
+        unobserve(self.provider, self._observed)
 
     def __call__(self, event: Event) -> None:
         if isinstance(event, AttemptRecord):

@@ -2,8 +2,9 @@
 model group, and each cost budget's spent / remaining / limit dollars in its current window.
 
 The SDK keeps the callbacks of the first registration of an instrument name on a meter, so the
-gauges are registered once per meter and report every router instrumented on it (held weakly:
-a router that is gone, or detached, stops reporting).
+gauges are registered once per meter provider (the global proxy one included, which hands out a
+new proxy meter per request) and report every router instrumented through it (held weakly: a
+router that is gone, or detached, stops reporting).
 """
 
 from __future__ import annotations
@@ -99,25 +100,26 @@ def budget_attributes(row: Any) -> dict[str, str]:
     }
 
 
-_BY_METER: weakref.WeakKeyDictionary[Any, ObservedRouters] = weakref.WeakKeyDictionary()
-_BY_METER_LOCK = threading.Lock()
+_BY_PROVIDER: weakref.WeakKeyDictionary[Any, ObservedRouters] = weakref.WeakKeyDictionary()
+_BY_PROVIDER_LOCK = threading.Lock()
 
 
-def observe(meter: Meter, router: Any, *, scope_values: bool = False) -> ObservedRouter:
-    """Report ``router`` through ``meter``'s gauges (registered on first use); keep the returned
-    handle alive as long as it should report, and pass it to :func:`unobserve` to stop."""
-    with _BY_METER_LOCK:
-        routers = _BY_METER.get(meter)
+def observe(provider: Any, meter: Meter, router: Any, *, scope_values: bool = False) -> ObservedRouter:
+    """Report ``router`` through the gauges of ``provider`` (made on ``meter``, one of its meters,
+    on first use); keep the returned handle alive as long as it should report, and pass it to
+    :func:`unobserve` to stop."""
+    with _BY_PROVIDER_LOCK:
+        routers = _BY_PROVIDER.get(provider)
         if routers is None:
-            routers = _BY_METER[meter] = ObservedRouters(meter)
+            routers = _BY_PROVIDER[provider] = ObservedRouters(meter)
     handle = ObservedRouter(router, scope_values)
     routers.add(handle)
     return handle
 
 
-def unobserve(meter: Meter, handle: ObservedRouter) -> None:
+def unobserve(provider: Any, handle: ObservedRouter) -> None:
     """Stop reporting the router of ``handle``."""
-    with _BY_METER_LOCK:
-        routers = _BY_METER.get(meter)
+    with _BY_PROVIDER_LOCK:
+        routers = _BY_PROVIDER.get(provider)
     if routers is not None:
         routers.discard(handle)

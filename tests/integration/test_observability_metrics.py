@@ -97,16 +97,18 @@ async def test_a_hedged_call_counts_a_hedge_sent_and_won(
     tel.instrument(router)
     events: list[Any] = []
     router.subscribe(events.append)
-    sim.set_default("a", Fault.ok(latency=0.6))  # a hedge to the fast deployment answers first
+    sim.set_default("a", Fault.ok(latency=0.8))  # a hedge to the fast deployment answers first
     for _ in range(6):
         await router.acompletion(model="primary", messages=MSG, max_tokens=5)
     sent = [e for e in events if isinstance(e, HedgeSent)]
-    assert sent and all(h.first_deployment == "a" for h in sent)
+    # b is hedged too when a loaded machine keeps it past the 0.05 s delay; then b itself answers
+    from_a = [h for h in sent if h.first_deployment == "a"]
+    assert from_a
 
     assert tel.prom("llm_resilience_hedges_total", group="primary") == len(sent)
-    assert tel.prom("llm_resilience_hedges_won_total", group="primary") == len(sent)
+    assert tel.prom("llm_resilience_hedges_won_total", group="primary") == len(from_a)
     assert tel.otel("llm_resilience.hedges", **{"llm_resilience.model_group": "primary"}) == len(sent)
-    assert tel.otel("llm_resilience.hedges.won", **{"llm_resilience.model_group": "primary"}) == len(sent)
+    assert tel.otel("llm_resilience.hedges.won", **{"llm_resilience.model_group": "primary"}) == len(from_a)
     for p in tel.points("llm_resilience.hedges.won"):
         assert set(p.attributes) == {"llm_resilience.model_group"}  # no call id, no deployment
 
@@ -342,3 +344,63 @@ def test_check_fails_clearly_when_observability_needs_a_missing_package(
 
     monkeypatch.undo()  # installed again: the same file checks OK
     assert main(["check", str(cfg)]) == 0
+
+
+def test_yaml_booleans_are_the_switches_they_look_like() -> None:
+    from llm_resilience_plugin.policy import ResiliencePolicy
+
+    section = ResiliencePolicy.model_validate({"observability": {"otel": True, "prometheus": False}})
+    assert section.observability is not None
+    assert (section.observability.otel, section.observability.prometheus) == ("on", "off")
+    with pytest.raises(ValueError, match=r"observability\.otel"):
+        ResiliencePolicy.model_validate({"observability": {"otel": 1}})
+
+
+def test_gauges_through_the_global_meter_provider_cover_every_router(tmp_path: Path) -> None:
+    """The policy section instruments through the global providers; the global proxy provider
+    hands out a new meter per request, so the gauges are made once per provider and a second
+    router is reported too (a subprocess: the global provider can be set once per process)."""
+    script = tmp_path / "global_provider.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import llm_resilience_plugin
+            from opentelemetry import metrics
+            from opentelemetry.sdk.metrics import MeterProvider
+            from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+            from llm_resilience_plugin import ResilientRouter
+
+            def router(group):
+                deployment = {"model_name": group, "litellm_params": {"model": "openai/gpt-4o-mini"}}
+                policy = {"observability": {"otel": "on", "prometheus": "off"}}
+                return ResilientRouter([deployment], policy=policy)
+
+            first, second = router("one"), router("two")
+            reader = InMemoryMetricReader()
+            metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+            seen = sorted(
+                p.attributes["llm_resilience.model_group"]
+                for rm in reader.get_metrics_data().resource_metrics
+                for sm in rm.scope_metrics
+                for m in sm.metrics
+                if m.name == "llm_resilience.retry_budget.tokens"
+                for p in m.data.data_points
+            )
+            second.close()
+            after = [
+                m.data.data_points
+                for rm in reader.get_metrics_data().resource_metrics
+                for sm in rm.scope_metrics
+                for m in sm.metrics
+                if m.name == "llm_resilience.retry_budget.tokens"
+            ]
+            print(seen, [p.attributes["llm_resilience.model_group"] for ps in after for p in ps])
+            first.close()
+            """
+        )
+    )
+    import subprocess
+
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "['one', 'two'] ['one']"  # closed: not reported
