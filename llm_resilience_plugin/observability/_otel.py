@@ -189,6 +189,7 @@ class OtelTracer:
             f"{sc.NS}.deployment_id": r.deployment_id,
             f"{sc.NS}.error_class": _err(r.error_class),
             f"{sc.NS}.ttft_s": r.ttft_s,
+            sc.TIME_TO_FIRST_CHUNK: r.ttft_s,
             f"{sc.NS}.priority": r.priority,
         }
         attrs.update({k: v for k, v in optional.items() if v is not None})
@@ -272,6 +273,7 @@ class OtelTracer:
             f"{sc.NS}.breaker_state": a.breaker_state,
             f"{sc.NS}.error_class": _err(a.error_class),
             f"{sc.NS}.ttft_s": a.ttft_s,
+            sc.TIME_TO_FIRST_CHUNK: a.ttft_s,
         }
         attrs.update({k: v for k, v in optional.items() if v is not None})
         if a.usage:

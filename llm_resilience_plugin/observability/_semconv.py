@@ -25,6 +25,7 @@ SERVER_ADDRESS = "server.address"
 SERVER_PORT = "server.port"
 HTTP_STATUS = "http.response.status_code"
 OUTPUT_TYPE = "gen_ai.output.type"
+TIME_TO_FIRST_CHUNK = "gen_ai.response.time_to_first_chunk"  # s, streams (semconv-genai openai.md)
 OPENAI_API_TYPE = "openai.api.type"
 CHAT = "chat"
 

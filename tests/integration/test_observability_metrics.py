@@ -7,6 +7,7 @@ remaining (scoped budgets collapsed unless asked), the operation name of every e
 
 from __future__ import annotations
 
+import logging
 import sys
 import textwrap
 from collections.abc import Iterator
@@ -25,10 +26,19 @@ from llm_resilience_plugin import AllRoutesFailedError, ResilientRouter, get_rep
 from llm_resilience_plugin.cli import main
 from llm_resilience_plugin.cost import Budget, CostGuard
 from llm_resilience_plugin.events import AttemptRecord, HedgeSent
-from llm_resilience_plugin.observability import instrument
+from llm_resilience_plugin.observability import attach_router_logging, instrument
 from llm_resilience_plugin.testing import Clock, FakeClock, Fault
 from llm_resilience_plugin.testing._simulator import ProviderSimulator
 from tests.conftest import FAST_POLICY, MSG, RouterFactory, _merge
+
+
+class _ListHandler(logging.Handler):
+    def __init__(self, into: list[logging.LogRecord]) -> None:
+        super().__init__()
+        self.into = into
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.into.append(record)
 
 
 class Telemetry:
@@ -266,13 +276,21 @@ async def test_every_endpoint_names_its_operation(
         "model_info": {"id": "a", **info},
     }
     router = ResilientRouter([deployment], policy=_merge(FAST_POLICY, {}), clock=FakeClock())
+    logged: list[logging.LogRecord] = []
+    handler = _ListHandler(logged)
+    logger = logging.getLogger(f"llm_resilience.test.{operation}")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
     try:
         tel.instrument(router)
         records: list[Any] = []
         router.subscribe(records.append)
+        detach_logs = attach_router_logging(router, logger)
         resp = await _call(router, operation)
+        detach_logs()
     finally:
         router.close()
+        logger.removeHandler(handler)
 
     report = get_report(resp)
     assert report is not None and report.operation == operation
@@ -293,6 +311,8 @@ async def test_every_endpoint_names_its_operation(
     assert [p.attributes["gen_ai.operation.name"] for p in duration] == [name]
     assert tel.otel("llm_resilience.calls", **{"gen_ai.operation.name": name}) == 1
     assert tel.otel("llm_resilience.attempts", **{"gen_ai.operation.name": name}) == 1
+    by_name = {r.llm_event_name: r.llm_event for r in logged}  # type: ignore[attr-defined]
+    assert by_name["llm_call"]["operation"] == by_name["llm_attempt"]["operation"] == operation
 
 
 async def test_a_chat_call_stays_chat(make_router: RouterFactory, tel: Telemetry) -> None:
@@ -404,3 +424,18 @@ def test_gauges_through_the_global_meter_provider_cover_every_router(tmp_path: P
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "['one', 'two'] ['one']"  # closed: not reported
+
+
+async def test_a_stream_span_carries_the_conventions_time_to_first_chunk(
+    make_router: RouterFactory, tel: Telemetry
+) -> None:
+    router = make_router({"primary": ["a"]})
+    tel.instrument(router)
+    stream = await router.acompletion(model="primary", messages=MSG, max_tokens=5, stream=True)
+    async for _ in stream:
+        pass
+    (call,) = [s for s in tel.finished() if s.name == "chat primary"]
+    ttft = call.attributes["gen_ai.response.time_to_first_chunk"]
+    assert ttft == call.attributes["llm_resilience.ttft_s"] and ttft > 0
+    assert tel.prom("llm_resilience_time_to_first_token_seconds_count", group="primary") == 1
+    assert tel.otel("gen_ai.client.operation.time_to_first_chunk", **{"gen_ai.operation.name": "chat"}) == 1
