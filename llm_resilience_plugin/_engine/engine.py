@@ -482,6 +482,7 @@ class Engine:
             served_model,
             usage,
             cost,
+            call.operation,
         )
         if call.listener is None and not self.events.active:
             call.report.defer_attempt(values)  # nobody takes it now: built if the report is read

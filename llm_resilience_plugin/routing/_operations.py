@@ -456,6 +456,7 @@ def _joined_report(reports: list[CallReport], cost: float | None, prompt: int, t
         response_cost=cost,
         priority=last.priority,
         hedged=any(r.hedged for r in reports),
+        operation=last.operation,
     )
     for r in reports:
         joined.attempts.extend(r.attempts)

@@ -441,7 +441,9 @@ class ResilientRouter(EndpointsMixin):
             if tier.shed_below > 0:
                 self._shed_check(model, priority, tier, clean)
         call_id = f"{_CALL_PREFIX}{next(_CALL_IDS):x}"
-        report = CallReport(call_id, model, stream, self.engine.clock.wall(), priority=priority)
+        report = CallReport(
+            call_id, model, stream, self.engine.clock.wall(), priority=priority, operation=operation
+        )
         keyed = model if operation == "completion" else f"{operation}:{model}"
         if opts.key is not None:
             report.idempotency_key = opts.key
