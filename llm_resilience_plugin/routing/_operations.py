@@ -5,8 +5,9 @@ Each call is checked before anything is sent (its payload, the model groups' ``m
 an embedding's vector dimensions across the groups it may fall back to), then walks the routes
 exactly as a chat call does: the operation (``CallState.operation``) only tells the dispatcher
 which of the Router's functions makes the attempt. An embedding batch longer than a deployment's
-``model_info.max_embedding_batch_size`` is split into calls of at most that size, each retried
-whole, and joined in order; any batch that finally fails fails the whole call.
+``model_info.max_embedding_batch_size`` is split into calls of at most that size, sent a few at
+a time (``_batches``), each retried whole, and joined in order; any batch that finally fails fails
+the whole call.
 """
 
 from __future__ import annotations
@@ -20,11 +21,13 @@ from llm_resilience_plugin._engine.core import BeforeRetry, CallState, positive_
 from llm_resilience_plugin._engine.dispatch import PAYLOAD_KEYS, STREAMING_OPERATIONS
 from llm_resilience_plugin.errors import ConfigError, ErrorClass
 from llm_resilience_plugin.events import REPORT_KEY, CallReport, Listener, attach_report, hidden_params_of
+from llm_resilience_plugin.routing._batches import batch_concurrency, run_batches
 from llm_resilience_plugin.routing._streams import SyncResilientStream
 
 if TYPE_CHECKING:
     from llm_resilience_plugin._engine.drivers import SyncRunner
     from llm_resilience_plugin._engine.engine import Engine
+    from llm_resilience_plugin.policy import ResiliencePolicy, RouterSpec
 
 __all__ = ["MODES", "EndpointsMixin", "embedding_batch_limit", "embedding_dimension"]
 
@@ -133,6 +136,8 @@ class EndpointsMixin:
     if TYPE_CHECKING:
         engine: Engine
         _sync: SyncRunner
+        spec: RouterSpec
+        policy: ResiliencePolicy
 
         def _check_group(self, group: str) -> None: ...
 
@@ -165,12 +170,14 @@ class EndpointsMixin:
         listener: Listener | None = None,
         before_retry: BeforeRetry | None = None,
         vectors_compatible: bool = False,
+        batch_concurrency: int | None = None,
         **kwargs: Any,
     ) -> litellm.EmbeddingResponse:
         """Like ``litellm.Router.aembedding``; returns LiteLLM's ``EmbeddingResponse``.
 
         A batch longer than the smallest ``model_info.max_embedding_batch_size`` among the groups
-        the call may use is split and joined in order. Fallback to a group whose vectors have
+        the call may use is split, its parts sent ``batch_concurrency`` at a time (default: the
+        policy's ``embedding_batch_concurrency``) and joined in order. Fallback to a group whose vectors have
         another dimension is refused unless ``vectors_compatible=True`` (mixing vector spaces
         corrupts an index). Plugin options as for ``acompletion``.
         """
@@ -179,6 +186,10 @@ class EndpointsMixin:
         self._check_modes("embedding", model)
         if not isinstance(vectors_compatible, bool):
             raise ConfigError("vectors_compatible", "must be True or False")
+        if batch_concurrency is not None and _whole(batch_concurrency) is None:
+            raise ConfigError(
+                "batch_concurrency", f"expected a whole number of batches >= 1, got {batch_concurrency!r}"
+            )
         if not vectors_compatible:
             self._check_dimensions(model, kwargs.get("dimensions"))
         limit = self._batch_limit(model)
@@ -186,7 +197,9 @@ class EndpointsMixin:
             return await self._operation(
                 "embedding", model, input, False, deadline, listener, before_retry, kwargs
             )  # type: ignore[no-any-return]
-        return await self._split_embedding(model, input, limit, deadline, listener, before_retry, kwargs)
+        return await self._split_embedding(
+            model, input, limit, deadline, listener, before_retry, kwargs, batch_concurrency
+        )
 
     def embedding(self, model: str, input: str | list[Any], **kwargs: Any) -> litellm.EmbeddingResponse:
         """Blocking twin of :meth:`aembedding` (runs on the router's private loop thread)."""
@@ -201,28 +214,27 @@ class EndpointsMixin:
         listener: Listener | None,
         before_retry: BeforeRetry | None,
         kwargs: Mapping[str, Any],
+        concurrency: int | None = None,
     ) -> litellm.EmbeddingResponse:
-        """One call per batch of at most ``limit`` inputs, in order, under one deadline; the
-        joined response carries a report of all of them (any batch failing fails the whole)."""
-        clock = self.engine.clock
-        started = clock.monotonic()
-        parts: list[Any] = []
-        for start in range(0, len(inputs), limit):
-            left = None if deadline is None else deadline - (clock.monotonic() - started)
-            if left is not None and left <= 0:
-                left = 1e-3  # the engine refuses the attempt and raises DeadlineExceededError
-            parts.append(
-                await self._operation(
-                    "embedding",
-                    model,
-                    inputs[start : start + limit],
-                    False,
-                    left,
-                    listener,
-                    before_retry,
-                    kwargs,
-                )
+        """One call per batch of at most ``limit`` inputs, at most ``concurrency`` (else the
+        policy's ``embedding_batch_concurrency``) in flight, under one deadline; the joined
+        response carries a report of all of them (any batch failing fails the whole)."""
+        starts = range(0, len(inputs), limit)
+
+        def start(i: int, left: float | None) -> Any:
+            return self._operation(
+                "embedding",
+                model,
+                inputs[starts[i] : starts[i] + limit],
+                False,
+                left,
+                listener,
+                before_retry,
+                kwargs,
             )
+
+        bound = self._batch_concurrency(model, concurrency)
+        parts = await run_batches(len(starts), bound, start, self.engine.clock, deadline)
         return _join_embeddings(parts)
 
     # -- the other operations ---------------------------------------------------------------------
@@ -389,6 +401,18 @@ class EndpointsMixin:
                         "routes really share one vector space",
                     )
 
+    def _batch_concurrency(self, group: str, wanted: int | None) -> int:
+        """How many batches of a split call may be in flight (see :func:`batch_concurrency`)."""
+        return batch_concurrency(
+            wanted or self.policy.embedding_batch_concurrency,
+            (
+                self.engine.deployments[dep].params
+                for g in self._groups_of(group)
+                for dep in self.engine.group_deployments.get(g, [])
+            ),
+            self.spec.router_settings.get("default_max_parallel_requests"),
+        )
+
     def _batch_limit(self, group: str) -> int | None:
         limits = [
             limit
@@ -441,17 +465,19 @@ def _join_embeddings(parts: list[Any]) -> litellm.EmbeddingResponse:
 def _joined_report(reports: list[CallReport], cost: float | None, prompt: int, total: int) -> CallReport:
     """One report over the batch calls: every attempt, usage and cost summed, the last route."""
     last = reports[-1]
+    first_start = min(r.started_at for r in reports)
     joined = CallReport(
         call_id=f"{reports[0].call_id}..{last.call_id}",
         requested_group=last.requested_group,
         stream=False,
-        started_at=reports[0].started_at,
+        started_at=first_start,
         served_group=last.served_group,
         deployment_id=last.deployment_id,
         served_model=last.served_model,
         fallback_level=max(r.fallback_level for r in reports),
         outcome=last.outcome,
-        total_latency_s=sum(r.total_latency_s for r in reports),
+        # batches may overlap: the call took from the first start to the last end
+        total_latency_s=max(r.started_at + r.total_latency_s for r in reports) - first_start,
         usage={"prompt_tokens": prompt, "completion_tokens": 0, "total_tokens": total},
         response_cost=cost,
         priority=last.priority,
