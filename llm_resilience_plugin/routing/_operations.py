@@ -77,6 +77,8 @@ def _check_text(where: str, value: Any) -> None:
         raise ConfigError(where, f"expected text, got {type(value).__name__}")
     if not value:
         raise ConfigError(where, "is an empty string; providers refuse empty inputs")
+    if value.isascii():  # no surrogate possible: skip the encoding copy (most inputs)
+        return
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as e:
@@ -357,16 +359,32 @@ class EndpointsMixin:
             return await self._stream(ctx, model, payload, clean)
         return await self._complete(ctx, model, payload, clean)
 
-    def _groups_of(self, group: str) -> list[str]:
+    def _memo(self) -> dict[tuple[Any, ...], Any]:
+        """Per-router answers of the checks below: they read only the configuration (deployments,
+        fallbacks, policy), which never changes after construction, so each is worked out once."""
+        memo: dict[tuple[Any, ...], Any] | None = self.__dict__.get("_endpoint_memo")
+        if memo is None:
+            memo = self.__dict__["_endpoint_memo"] = {}
+        return memo
+
+    def _groups_of(self, group: str) -> tuple[str, ...]:
         """``group`` and every group its calls may fall back to (any error class)."""
+        memo = self._memo()
+        known = memo.get(("groups", group))
+        if known is not None:
+            return known  # type: ignore[no-any-return]
         engine = self.engine
         out = [group]
         for cls in (None, ErrorClass.CONTEXT_WINDOW, ErrorClass.CONTENT_POLICY):
             out.extend(g for g in engine.fallback_chain(group, cls) if g not in out)
-        return out
+        memo["groups", group] = found = tuple(out)
+        return found
 
     def _check_modes(self, operation: str, group: str) -> None:
         """Every deployment the call may reach must serve ``operation`` (its ``model_info.mode``)."""
+        memo = self._memo()
+        if ("modes", operation, group) in memo:
+            return
         allowed = MODES[operation]
         engine = self.engine
         for g in self._groups_of(group):
@@ -380,9 +398,14 @@ class EndpointsMixin:
                         f"serve {operation} (needs one of {sorted(allowed)}); route {operation} "
                         "calls to a group of such deployments",
                     )
+        memo["modes", operation, group] = True
 
     def _check_dimensions(self, group: str, dimensions: Any) -> None:
         """Refuse a call whose routes would return vectors of different lengths."""
+        memo = self._memo()
+        key = ("dimensions", group, dimensions if isinstance(dimensions, int) else None)
+        if key in memo:
+            return
         engine = self.engine
         first: tuple[str, int] | None = None
         for g in self._groups_of(group):
@@ -400,10 +423,15 @@ class EndpointsMixin:
                         f"index. Remove the fallback, or pass vectors_compatible=True if {group!r}'s "
                         "routes really share one vector space",
                     )
+        memo[key] = True
 
     def _batch_concurrency(self, group: str, wanted: int | None) -> int:
         """How many batches of a split call may be in flight (see :func:`batch_concurrency`)."""
-        return batch_concurrency(
+        memo = self._memo()
+        key = ("concurrency", group, wanted)
+        if key in memo:
+            return memo[key]  # type: ignore[no-any-return]
+        memo[key] = bound = batch_concurrency(
             wanted or self.policy.embedding_batch_concurrency,
             (
                 self.engine.deployments[dep].params
@@ -412,15 +440,21 @@ class EndpointsMixin:
             ),
             self.spec.router_settings.get("default_max_parallel_requests"),
         )
+        return bound
 
     def _batch_limit(self, group: str) -> int | None:
+        """The smallest ``max_embedding_batch_size`` among the deployments the call may reach."""
+        memo = self._memo()
+        if ("limit", group) in memo:
+            return memo["limit", group]  # type: ignore[no-any-return]
         limits = [
             limit
             for g in self._groups_of(group)
             for dep in self.engine.group_deployments.get(g, [])
             if (limit := embedding_batch_limit(self.engine.deployments[dep].params)) is not None
         ]
-        return min(limits) if limits else None
+        memo["limit", group] = found = min(limits) if limits else None
+        return found
 
 
 def _is_tokens(inputs: Sequence[Any]) -> bool:
