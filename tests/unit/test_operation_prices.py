@@ -84,3 +84,18 @@ def test_responses_count_the_instructions_as_input():
         "responses", "hi", {"instructions": "be brief", "max_output_tokens": 5}, [], list
     )
     assert args["text"] == "be brief\nhi" and args["max_tokens"] == 5
+
+
+@pytest.mark.parametrize(
+    "model",
+    ["openai/text-embedding-3-small", "openai/gpt-3.5-turbo-instruct", "gpt-4o-mini", "claude-3-5-haiku"],
+)
+def test_the_cached_text_counter_counts_as_litellms_token_counter(model):
+    import litellm
+
+    from llm_resilience_plugin.cost._estimate import text_counter
+
+    counter = text_counter(model)
+    assert counter is not None
+    for text in ("Say hello", "The quick brown fox\njumps over the lazy dog. " * 40, "héllo wörld ✓"):
+        assert counter(text) == litellm.token_counter(model=model, text=text)
