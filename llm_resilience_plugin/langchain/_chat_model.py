@@ -36,6 +36,7 @@ from llm_resilience_plugin.langchain._construction import (
     masked,
 )
 from llm_resilience_plugin.langchain._convert import json_safe, to_openai_messages
+from llm_resilience_plugin.langchain._lifecycle import ClosesRouter
 from llm_resilience_plugin.langchain._requests import ChatRequest, cache_key, prepare_request, run_config
 from llm_resilience_plugin.langchain._tools import (
     StructuredOutputMethod,
@@ -50,7 +51,7 @@ CONFIG_ENV = "LLM_RESILIENCE_CONFIG"
 API_KEY_ENV = "LLM_RESILIENCE_API_KEY"
 
 
-class ResilientChatModel(BaseChatModel):
+class ResilientChatModel(ClosesRouter, BaseChatModel):
     """A LangChain chat model over one model group of a :class:`ResilientRouter`.
 
     Build it from an existing router, a LiteLLM config (YAML path or parsed mapping, with an
@@ -222,7 +223,8 @@ class ResilientChatModel(BaseChatModel):
 
     def close(self) -> None:
         """Release the router this model built; it closes when no other model with the same
-        configuration holds it (a ``router=`` router is left alone)."""
+        configuration holds it (a ``router=`` router is left alone). Also ``with model:``,
+        ``async with model:`` and ``await model.aclose()``."""
         if self._lease is not None:
             self._lease.release()
 

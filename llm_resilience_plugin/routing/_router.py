@@ -62,6 +62,7 @@ from llm_resilience_plugin.policy import (
     load_config,
     spec_from_mapping,
 )
+from llm_resilience_plugin.routing._clients import ClosingSyncRunner
 from llm_resilience_plugin.routing._direct import dispatcher_for
 from llm_resilience_plugin.routing._dispatch import RouterDispatcher
 from llm_resilience_plugin.routing._operations import EndpointsMixin
@@ -285,7 +286,7 @@ class ResilientRouter(EndpointsMixin):
         self._idem_store = None
         self._idem_ttl = 600.0
         self._single_flight = SingleFlight()
-        self._sync = SyncRunner()
+        self._sync = ClosingSyncRunner()  # closes LiteLLM's clients of its loop too
         release: Callable[..., None] = _release
         release_args: tuple[Any, ...] = (self._sync,)
         if self.shared_state is not None:  # closing also stops syncing this router's keys
