@@ -1,5 +1,7 @@
-"""Direct dispatch: one attempt straight through ``litellm.acompletion`` for the deployment the
-plugin picked, with the arguments the wrapped ``litellm.Router`` would have sent.
+"""Direct dispatch: one attempt straight through ``litellm.acompletion`` (or, for the other
+operations, ``litellm.aembedding``/``atext_completion``/``aimage_generation``/``aresponses``: see
+:mod:`._direct_ops`) for the deployment the plugin picked, with the arguments the wrapped
+``litellm.Router`` would have sent.
 
 The Router stays the authority: its registry gives each deployment's parameters (``os.environ/``
 resolved, ``litellm_params`` merged, ``model_info``), its own request-shaping functions build the
@@ -31,10 +33,17 @@ from typing import Any
 import litellm
 
 from llm_resilience_plugin._engine.attempt import AttemptContext, deployment_id_of
+from llm_resilience_plugin._engine.dispatch import CHAT
 from llm_resilience_plugin._engine.engine import Engine
 from llm_resilience_plugin._engine.watchdog import AttemptWatchdog
 from llm_resilience_plugin.errors import ConfigError
 from llm_resilience_plugin.events import CallReport
+from llm_resilience_plugin.routing._direct_ops import (
+    GENERIC_ROUTER_ONLY,
+    OPERATION_FUNCTIONS,
+    operation_kwargs,
+    stamp_operation_error,
+)
 from llm_resilience_plugin.routing._dispatch import RouterDispatcher
 from llm_resilience_plugin.routing._hooks import FILTER
 from llm_resilience_plugin.routing._streams import ResilientStream, StaticStream, prefetch_stream
@@ -106,6 +115,11 @@ DIRECT_MODEL_INFO = frozenset(
         "max_output_tokens",
         "mode",
         "description",
+        # the other operations' own (compared in tests/integration/test_direct_operations.py)
+        "base_model",
+        "output_cost_per_image",
+        "output_vector_size",
+        "max_embedding_batch_size",
     }
 )
 
@@ -216,9 +230,10 @@ def routing_hooks_present() -> bool:
 
 
 class DirectDispatcher:
-    """Sends a direct group's chat attempt through ``litellm.acompletion``; everything else (other
-    groups, streams on a deployment with a parallel-request limit, request-scoped credentials,
-    routing callbacks) through the wrapped :class:`RouterDispatcher`."""
+    """Sends a direct group's attempt through LiteLLM's module function for its operation;
+    everything else (other groups, streams on a deployment with a parallel-request limit, streams
+    of the other operations, request-scoped credentials, routing callbacks) through the wrapped
+    :class:`RouterDispatcher`."""
 
     def __init__(
         self,
@@ -237,9 +252,13 @@ class DirectDispatcher:
         self.sent_direct = 0  # attempts sent straight through litellm.acompletion (for tests, stats)
         from litellm.router_rust.core import RustCore
 
-        # The Router core's ``acompletion`` as its class holds it (a class-level patch replaces it).
+        # The Router core's endpoint functions as its class holds them (a class-level patch
+        # replaces one: the attempt then goes through the Router, which calls the patch).
         self._core_members = RustCore.__dict__
-        self._core_acompletion = RustCore.__dict__.get("acompletion")
+        self._core_functions = {
+            name: RustCore.__dict__.get(name)
+            for name in ("acompletion", *("a" + op for op in OPERATION_FUNCTIONS))
+        }
         shaping = _shaping_of(router)
         assert shaping is not None, "dispatch_plan() makes no group direct without the Router's shaping"
         self._shaping, self._store = shaping
@@ -273,6 +292,11 @@ class DirectDispatcher:
             g
             for g, deps in self._deployments.items()
             if any(deployment_id_of(d) in self._limited for d in deps)
+        }
+        self._batch_limited_groups = {
+            g
+            for g, deps in self._deployments.items()
+            if any(d["model_info"].get("max_embedding_batch_size") for d in deps)
         }
 
     # -- the Router's own pieces -----------------------------------------------------------------
@@ -353,6 +377,32 @@ class DirectDispatcher:
             {**params, "caching": False, "client": client, **request}
         )
 
+    def operation_request_kwargs(
+        self, op: str, group: str, dep: Mapping[str, Any], payload: Any, kwargs: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """The kwargs the Router's attempt for a non-chat ``op`` passes to LiteLLM's function for
+        ``dep`` (see :mod:`._direct_ops`), with the deployment's cached SDK client."""
+        if op == "responses":  # ``generic()``: the wrapper's own provider and client are dropped
+            kwargs = {k: v for k, v in kwargs.items() if k not in ("custom_llm_provider", "client")}
+        elif op == "text_completion":
+            kwargs = {k: v for k, v in kwargs.items() if k not in ("is_retry", "is_fallback", "is_async")}
+        client = self._store.get_cache(
+            key=f"{deployment_id_of(dep)}_{'stream_' if kwargs.get('stream') is True else ''}async_client",
+            local_only=True,
+        )
+        return operation_kwargs(
+            self._shaping,
+            self._store,
+            self._routing_keys,
+            op,
+            group,
+            dep,
+            payload,
+            kwargs,
+            self._group_size[group],
+            client,
+        )
+
     @staticmethod
     def stamp_response(resp: Any, group: str, sent: Mapping[str, Any]) -> Any:
         """The headers the Router's ``finish_async`` stamps on a served answer (model id, the group
@@ -385,17 +435,30 @@ class DirectDispatcher:
         """Does this attempt go direct (its group is, and nothing at run time needs the Router)?"""
         if attempt.group not in self._deployments:
             return False
-        op = getattr(attempt.call, "operation", None) or getattr(attempt.call, "op", None)
-        if op not in _CHAT_OPS:
-            return False  # embeddings, text completion, responses, images: the Router (for now)
+        op = attempt.call.operation
+        if op != CHAT and not self._operation_direct(op, attempt, kwargs):
+            return False
         if attempt.call.stream and attempt.group in self._limited_groups:
             return False  # the Router's slot rides along an open stream (FallbackAwareStreamWrapper)
         if kwargs and not self._clientside.isdisjoint(kwargs):
             return False  # request-scoped credentials make a request-scoped deployment in the Router
-        wrapped = self._core_members.get("acompletion") is not self._core_acompletion
-        if wrapped or "acompletion" in vars(self.router):
-            return False  # someone wraps the Router's acompletion (a spy, a mock, instrumentation)
+        name = "acompletion" if op == CHAT else "a" + op
+        wrapped = self._core_members.get(name) is not self._core_functions.get(name)
+        if wrapped or name in vars(self.router):
+            return False  # someone wraps the Router's function (a spy, a mock, instrumentation)
         return not routing_hooks_present()
+
+    def _operation_direct(self, op: str, attempt: AttemptContext, kwargs: Mapping[str, Any]) -> bool:
+        """Does a non-chat attempt go direct: an operation the equivalence suite covers, not a
+        stream (the Router wraps those in its own first-event readers), no request keys only the
+        Router's generic path handles, no embedding batch a deployment of the group refuses."""
+        if op not in OPERATION_FUNCTIONS or attempt.call.stream:
+            return False
+        if op == "responses":
+            return GENERIC_ROUTER_ONLY.isdisjoint(kwargs)
+        if op == "embedding" and attempt.group in self._batch_limited_groups:
+            return False  # the Router's own batch-size refusal (the plugin splits before it anyway)
+        return True
 
     async def send(
         self,
@@ -428,15 +491,16 @@ class DirectDispatcher:
         dep_id = deployment_id_of(dep)
         attempt.pick(dep_id)
         self.sent_direct += 1
-        token = attempt.token
-        sent = self.request_kwargs(
-            group,
-            dep,
-            messages,
-            self.via_router.attempt_kwargs(
-                call.stream, token, timeout_s, engine.policies[group].connect_timeout, kwargs
-            ),
+        op = call.operation
+        attempt_kwargs = self.via_router.attempt_kwargs(
+            call.stream, attempt.token, timeout_s, engine.policies[group].connect_timeout, kwargs, op
         )
+        if op == CHAT:
+            sent = self.request_kwargs(group, dep, messages, attempt_kwargs)
+            send: Any = litellm.acompletion
+        else:
+            sent = self.operation_request_kwargs(op, group, dep, messages, attempt_kwargs)
+            send = getattr(litellm, OPERATION_FUNCTIONS[op])  # looked up per call, as the Router's host does
         # get-or-create on every call, as the Router does: its cache entry may have expired
         limit = self._slot_limit(dep, create=True) if dep_id in self._limited else None
         try:
@@ -444,15 +508,18 @@ class DirectDispatcher:
                 if limit is not None:
                     with limit:
                         attempt.sent = True
-                        resp: Any = await litellm.acompletion(**sent)
+                        resp: Any = await send(**sent)
                 else:
                     attempt.sent = True
-                    resp = await litellm.acompletion(**sent)
+                    resp = await send(**sent)
                 if call.stream:
                     return await prefetch_stream(resp)
         except Exception as e:
-            stamp_deployment_num_retries(e, dep)
-            stamp_failed_deployment_id(e, sent.get("model_info"))
+            if op == CHAT:
+                stamp_deployment_num_retries(e, dep)
+                stamp_failed_deployment_id(e, sent.get("model_info"))
+            else:
+                stamp_operation_error(op, e, dep, sent)
             raise
         return self.stamp_response(resp, group, sent)
 
@@ -490,10 +557,6 @@ class DirectDispatcher:
         if name.startswith("__") or name == "via_router":
             raise AttributeError(name)
         return getattr(self.via_router, name)
-
-
-# The operations a direct attempt reproduces (a call with no operation named is a chat completion).
-_CHAT_OPS = frozenset({None, "chat", "completion", "acompletion"})
 
 
 def _no_alias(model: str) -> str | None:
