@@ -450,10 +450,12 @@ class DirectDispatcher:
 
     def _operation_direct(self, op: str, attempt: AttemptContext, kwargs: Mapping[str, Any]) -> bool:
         """Does a non-chat attempt go direct: an operation the equivalence suite covers, not a
-        stream (the Router wraps those in its own first-event readers), no request keys only the
+        Responses stream (the Router wraps it in its own event reader), no request keys only the
         Router's generic path handles, no embedding batch a deployment of the group refuses."""
-        if op not in OPERATION_FUNCTIONS or attempt.call.stream:
+        if op not in OPERATION_FUNCTIONS:
             return False
+        if attempt.call.stream and op != "text_completion":
+            return False  # a Responses stream: the Router's own event wrapper (held lifecycle events)
         if op == "responses":
             return GENERIC_ROUTER_ONLY.isdisjoint(kwargs)
         if op == "embedding" and attempt.group in self._batch_limited_groups:

@@ -297,17 +297,19 @@ async def test_no_new_http_client_per_call(sim: ProviderSimulator, pair: Any, op
     assert all(after[k] is before[k] for k in before)
 
 
-async def test_streams_and_batch_limits_stay_on_the_router(sim: ProviderSimulator, pair: Any) -> None:
-    """Not proven equivalent yet: text-completion and Responses streams, and embedding groups
-    with a batch limit (the Router's own refusal), dispatch through the Router."""
-    r = pair(_model_list(sim, "text_completion"))["direct"]
+async def test_responses_streams_and_batch_limits_stay_on_the_router(
+    sim: ProviderSimulator, pair: Any
+) -> None:
+    """Not proven equivalent yet: Responses streams (the Router holds lifecycle events in its own
+    wrapper) and embedding groups with a batch limit (the Router's own refusal) use the Router."""
+    r = pair(_model_list(sim, "responses"))["direct"]
     d = r.engine.dispatcher
     assert isinstance(d, DirectDispatcher)
-    stream = await r.atext_completion("g", "Say hello", stream=True)
+    stream = await r.aresponses("g", "Say hello", stream=True)
     async for _ in stream:
         pass
     assert d.sent_direct == 0
-    await r.atext_completion("g", "Say hello")
+    await r.aresponses("g", "Say hello")
     assert d.sent_direct == 1
     ml = _model_list(sim, "embedding")
     ml[0]["model_info"]["max_embedding_batch_size"] = 4
@@ -321,3 +323,31 @@ def test_sync_twins_go_direct(sim: ProviderSimulator, pair: Any) -> None:
     resp = r.embedding("g", ["x"])
     assert resp._hidden_params["model_id"] == "a"
     assert r.engine.dispatcher.sent_direct == 1  # type: ignore[union-attr]
+
+
+async def test_text_completion_streams_give_the_same_chunks(
+    sim: ProviderSimulator, monkeypatch: pytest.MonkeyPatch, pair: Any
+) -> None:
+    rs = pair(_model_list(sim, "text_completion"))
+    rec = Recorder(monkeypatch)
+    chunks: dict[str, list[Any]] = {}
+    reqs, reports = {}, {}
+    for mode, r in rs.items():
+        sim.clear_log()
+        stream = await r.atext_completion("g", "Say hello", stream=True)
+        got = []
+        async for chunk in stream:
+            d = chunk.model_dump() if hasattr(chunk, "model_dump") else dict(chunk)
+            d.pop("id", None), d.pop("created", None)
+            hidden = getattr(chunk, "_hidden_params", None) or {}
+            d["_hidden"] = {k: hidden.get(k) for k in ("model_id", "api_base", "custom_llm_provider")}
+            got.append(d)
+        chunks[mode] = got
+        (reqs[mode],) = sim.requests()
+        rep = stream.report
+        reports[mode] = (rep.outcome, rep.deployment_id, rep.usage, rep.response_cost)
+    assert rs["direct"].engine.dispatcher.sent_direct == 1  # type: ignore[union-attr]
+    assert chunks["router"] == chunks["direct"] and len(chunks["direct"]) > 1
+    assert reports["router"] == reports["direct"] and reports["direct"][:2] == ("success", "a")
+    assert reqs["router"].body == reqs["direct"].body and reqs["router"].headers == reqs["direct"].headers
+    assert _normal_kwargs(rec.calls[-2][1]) == _normal_kwargs(rec.calls[-1][1])
