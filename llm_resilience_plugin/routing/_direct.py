@@ -9,8 +9,9 @@ attempt's kwargs, its own ``simple_shuffle`` picks among the deployments the eng
 routing cache holds the ``max_parallel_requests`` slot both paths share. What is skipped is the
 Router's call machinery around the attempt (retries, fallbacks, cooldowns and bookkeeping that the
 plugin switches off or does itself). A group whose config uses anything not proven equivalent
-(``tests/integration/test_direct_dispatch.py``) is dispatched through the Router; see
-:func:`dispatch_plan` for the list and ``docs/how-a-call-flows.md``.
+(``tests/integration/test_direct_dispatch.py``, ``test_direct_operations.py``,
+``test_direct_usage.py``) is dispatched through the Router; see :mod:`._direct_plan` for the list
+and ``docs/how-a-call-flows.md``.
 
 LiteLLM internals relied on (litellm 1.110; checked at construction, else every group uses the
 Router): ``litellm.router_rust.invoke.shaping`` (``update_kwargs_with_deployment``,
@@ -27,7 +28,6 @@ from __future__ import annotations
 import random
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import litellm
@@ -36,171 +36,24 @@ from llm_resilience_plugin._engine.attempt import AttemptContext, deployment_id_
 from llm_resilience_plugin._engine.dispatch import CHAT
 from llm_resilience_plugin._engine.engine import Engine
 from llm_resilience_plugin._engine.watchdog import AttemptWatchdog
-from llm_resilience_plugin.errors import ConfigError
 from llm_resilience_plugin.events import CallReport
 from llm_resilience_plugin.routing._direct_ops import (
     GENERIC_ROUTER_ONLY,
     OPERATION_FUNCTIONS,
+    metadata_field,
     operation_kwargs,
     stamp_operation_error,
 )
+from llm_resilience_plugin.routing._direct_plan import (
+    DISPATCH_MODES,
+    GroupDispatch,
+    dispatch_plan,
+    shaping_of,
+)
+from llm_resilience_plugin.routing._direct_usage import UsageAccounting
 from llm_resilience_plugin.routing._dispatch import RouterDispatcher
 from llm_resilience_plugin.routing._hooks import FILTER
 from llm_resilience_plugin.routing._streams import ResilientStream, StaticStream, prefetch_stream
-
-# Router settings a direct attempt reproduces (the rest, e.g. routing_groups, plugins, tag
-# filtering, pre-call checks, budgets, aliases, redis usage counters, send through the Router).
-DIRECT_ROUTER_SETTINGS = frozenset(
-    {
-        "timeout",
-        "stream_timeout",
-        "default_max_parallel_requests",
-        "set_verbose",
-        "debug_level",
-        "routing_strategy",  # "simple-shuffle" only: checked below
-        "client_ttl",
-        "cache_responses",  # False only: checked below
-        "max_fallbacks",  # the plugin's own fallbacks: the Router has none
-        "fallbacks",
-        "context_window_fallbacks",
-        "content_policy_fallbacks",
-        "default_fallbacks",
-        "retry_after",
-        "default_litellm_params",  # merged by the Router's own shaping functions
-    }
-)
-
-# Deployment params a direct attempt reproduces: every value the Router passes through to
-# ``litellm.acompletion`` unchanged, and the flags its registry adds. rpm/tpm (usage counted into
-# x-ratelimit-* headers), tags, credentials by name, silent experiments, pod discovery, order,
-# mock responses and provider-specific routing stay with the Router.
-DIRECT_PARAMS = frozenset(
-    {
-        "model",
-        "api_base",
-        "api_key",
-        "api_version",
-        "organization",
-        "custom_llm_provider",
-        "timeout",
-        "stream_timeout",
-        "max_retries",
-        "weight",
-        "max_parallel_requests",
-        "input_cost_per_token",
-        "output_cost_per_token",
-        "extra_headers",
-        "temperature",
-        "max_tokens",
-        "top_p",
-        "seed",
-        "drop_params",
-        # added by the Router's registry to every deployment
-        "allow_client_keepalive_override",
-        "use_in_pass_through",
-        "use_litellm_proxy",
-        "use_xai_oauth",
-        "merge_reasoning_content_in_choices",
-    }
-)
-DIRECT_MODEL_INFO = frozenset(
-    {
-        "id",
-        "db_model",
-        "member_auto_router",
-        "input_cost_per_token",
-        "output_cost_per_token",
-        "max_tokens",
-        "max_input_tokens",
-        "max_output_tokens",
-        "mode",
-        "description",
-        # the other operations' own (compared in tests/integration/test_direct_operations.py)
-        "base_model",
-        "output_cost_per_image",
-        "output_vector_size",
-        "max_embedding_batch_size",
-    }
-)
-
-DISPATCH_MODES = ("auto", "router", "direct")
-
-
-@dataclass(frozen=True, slots=True)
-class GroupDispatch:
-    """Which dispatcher serves one model group, and why."""
-
-    dispatcher: str  # "direct" or "router"
-    reason: str
-
-
-def _shaping_of(router: litellm.Router) -> tuple[Any, Any] | None:
-    """The Router's request shaping and routing cache, or None if this LiteLLM has neither."""
-    try:
-        from litellm.router_rust.invoke import shaping as _  # noqa: F401
-
-        return router._shaping, router.health().store  # type: ignore[attr-defined]
-    except Exception:
-        return None
-
-
-def _deployment_reason(d: Mapping[str, Any]) -> str | None:
-    """Why one deployment must go through the Router (None: direct reproduces it)."""
-    params = d.get("litellm_params") or {}
-    info = d.get("model_info") or {}
-    extra = sorted(k for k in params if k not in DIRECT_PARAMS)
-    if extra:
-        return f"deployment {deployment_id_of(d)} sets {', '.join(extra)} (only the Router reproduces it)"
-    if "*" in str(d.get("model_name")) or "*" in str(params.get("model")):
-        return f"deployment {deployment_id_of(d)} is a wildcard route"
-    other = sorted(k for k in info if k not in DIRECT_MODEL_INFO and not str(k).startswith("supports_"))
-    if other:
-        return f"deployment {deployment_id_of(d)} sets model_info {', '.join(other)}"
-    return None
-
-
-def dispatch_plan(router: litellm.Router, settings: Mapping[str, Any], mode: str) -> dict[str, GroupDispatch]:
-    """Per model group, the dispatcher the policy's ``dispatch`` mode gives it and why.
-
-    ``auto``: direct where equivalence with the Router is proven for the group's config; ``router``:
-    always the Router; ``direct``: like auto, but a group that cannot be direct is a ConfigError.
-    """
-    groups: dict[str, list[Mapping[str, Any]]] = {}
-    for d in router.registry().all():
-        groups.setdefault(str(d["model_name"]), []).append(d)
-    if mode == "router":
-        return {g: GroupDispatch("router", "policy dispatch: router") for g in groups}
-    global_reason: str | None = None
-    extra = sorted(k for k in settings if k not in DIRECT_ROUTER_SETTINGS)
-    if extra:
-        global_reason = f"router_settings {', '.join(extra)} (only the Router reproduces it)"
-    elif settings.get("routing_strategy", "simple-shuffle") != "simple-shuffle":
-        global_reason = f"routing_strategy {settings['routing_strategy']!r} keeps state in the Router"
-    elif settings.get("cache_responses"):
-        global_reason = "router_settings cache_responses (the Router's response cache)"
-    elif _shaping_of(router) is None:
-        global_reason = (
-            f"litellm {getattr(litellm, '__version__', '?')} does not expose the Router's request shaping"
-        )
-    out: dict[str, GroupDispatch] = {}
-    for g, deps in groups.items():
-        reason = global_reason
-        if reason is None:
-            reason = next(
-                (r for r in (_deployment_reason(d) for d in deps) if r),
-                None,
-            )
-        if reason is None:
-            out[g] = GroupDispatch("direct", "equivalent to the Router for this config (simple-shuffle)")
-        else:
-            out[g] = GroupDispatch("router", reason)
-    if mode == "direct":
-        refused = {g: p.reason for g, p in out.items() if p.dispatcher != "direct"}
-        if refused:
-            g, why = next(iter(refused.items()))
-            raise ConfigError("resilience.dispatch", f"'direct' is not equivalent for group {g!r}: {why}")
-    return out
-
 
 _ROUTING_HOOKS = ("async_filter_deployments", "async_pre_routing_hook")
 _HOOK_TYPES: dict[type, bool] = {}
@@ -259,7 +112,7 @@ class DirectDispatcher:
             name: RustCore.__dict__.get(name)
             for name in ("acompletion", *("a" + op for op in OPERATION_FUNCTIONS))
         }
-        shaping = _shaping_of(router)
+        shaping = shaping_of(router)
         assert shaping is not None, "dispatch_plan() makes no group direct without the Router's shaping"
         self._shaping, self._store = shaping
         self._routing_keys = frozenset(ROUTING_KEYS)
@@ -292,6 +145,19 @@ class DirectDispatcher:
             g
             for g, deps in self._deployments.items()
             if any(deployment_id_of(d) in self._limited for d in deps)
+        }
+        # Deployments whose usage the Router counts (rpm/tpm): a direct attempt reports into it.
+        self._usage = UsageAccounting(router)
+        self._tracked = {
+            deployment_id_of(d)
+            for g, deps in self._deployments.items()
+            for d in deps
+            if self._usage.tracks(deployment_id_of(d), g)
+        }
+        self._tracked_groups = {
+            g
+            for g, deps in self._deployments.items()
+            if any(deployment_id_of(d) in self._tracked for d in deps)
         }
         self._batch_limited_groups = {
             g
@@ -404,7 +270,9 @@ class DirectDispatcher:
         )
 
     @staticmethod
-    def stamp_response(resp: Any, group: str, sent: Mapping[str, Any]) -> Any:
+    def stamp_response(
+        resp: Any, group: str, sent: Mapping[str, Any], remaining: Mapping[str, Any] | None = None
+    ) -> Any:
         """The headers the Router's ``finish_async`` stamps on a served answer (model id, the group
         it was served as, zero retries and fallbacks: the plugin's own are in its report)."""
         from litellm.litellm_core_utils.add_retry_fallback_headers import (
@@ -426,6 +294,10 @@ class DirectDispatcher:
         additional["x-litellm-model-group"] = group
         apply_quality_router_decision_headers(additional, sent)
         additional.update(complexity_router_decision_headers(sent))
+        if remaining:  # the group's x-ratelimit-* left, for a group whose usage the Router counts
+            from litellm.litellm_core_utils.add_retry_fallback_headers import apply_remaining_usage_headers
+
+            apply_remaining_usage_headers(additional, dict(remaining))
         response = add_retry_headers_to_response(response=response, attempted_retries=0, max_retries=None)
         return add_fallback_headers_to_response(response=response, attempted_fallbacks=0)
 
@@ -438,8 +310,10 @@ class DirectDispatcher:
         op = attempt.call.operation
         if op != CHAT and not self._operation_direct(op, attempt, kwargs):
             return False
-        if attempt.call.stream and attempt.group in self._limited_groups:
-            return False  # the Router's slot rides along an open stream (FallbackAwareStreamWrapper)
+        if attempt.call.stream and (
+            attempt.group in self._limited_groups or attempt.group in self._tracked_groups
+        ):
+            return False  # the Router's slot rides along an open stream and counts its usage at the end
         if kwargs and not self._clientside.isdisjoint(kwargs):
             return False  # request-scoped credentials make a request-scoped deployment in the Router
         name = "acompletion" if op == CHAT else "a" + op
@@ -505,6 +379,7 @@ class DirectDispatcher:
             send = getattr(litellm, OPERATION_FUNCTIONS[op])  # looked up per call, as the Router's host does
         # get-or-create on every call, as the Router does: its cache entry may have expired
         limit = self._slot_limit(dep, create=True) if dep_id in self._limited else None
+        tracked = dep_id in self._tracked
         try:
             with AttemptWatchdog(bound):
                 if limit is not None:
@@ -522,8 +397,13 @@ class DirectDispatcher:
                 stamp_failed_deployment_id(e, sent.get("model_info"))
             else:
                 stamp_operation_error(op, e, dep, sent)
+            if tracked:
+                await self._usage.failure(e, sent, metadata_field(op), group)
             raise
-        return self.stamp_response(resp, group, sent)
+        if not tracked:
+            return self.stamp_response(resp, group, sent)
+        await self._usage.success(resp, sent, metadata_field(op), group)
+        return self.stamp_response(resp, group, sent, await self._usage.remaining(group))
 
     def wrap_stream(
         self,

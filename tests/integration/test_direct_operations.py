@@ -257,8 +257,18 @@ SLO_KEYS = (
 async def test_callbacks_fire_alike(
     sim: ProviderSimulator, monkeypatch: pytest.MonkeyPatch, pair: Any
 ) -> None:
-    """One logger for all operations: LiteLLM keeps the callbacks it has set up from
-    ``litellm.callbacks``, so a second logger registered by a later test may not be called."""
+    """One logger for all operations. LiteLLM copies ``litellm.callbacks`` into its own lists and
+    caps them at 30, where other tests' loggers stay: those lists get this test's own copies."""
+    for name in (
+        "callbacks",
+        "input_callback",
+        "success_callback",
+        "failure_callback",
+        "_async_success_callback",
+        "_async_failure_callback",
+    ):
+        kept = [cb for cb in getattr(litellm, name) if not type(cb).__module__.startswith("tests.")]
+        monkeypatch.setattr(litellm, name, kept)
     events = Events()
     monkeypatch.setattr(litellm, "callbacks", [*litellm.callbacks, events])
     for op in OPS:
