@@ -50,6 +50,7 @@ from llm_resilience_plugin.routing._direct_plan import (
     dispatch_plan,
     shaping_of,
 )
+from llm_resilience_plugin.routing._direct_shaping import RouterPieces, client_keys
 from llm_resilience_plugin.routing._direct_usage import UsageAccounting
 from llm_resilience_plugin.routing._dispatch import RouterDispatcher
 from llm_resilience_plugin.routing._hooks import FILTER
@@ -130,6 +131,13 @@ class DirectDispatcher:
             }
             self._deployments.setdefault(group, []).append(dep)
         self._group_size = {g: len(v) for g, v in self._deployments.items()}
+        self._pieces = RouterPieces()  # LiteLLM's shaping/header functions, found once
+        # per deployment id: its SDK client cache keys, indexed by "is a stream"
+        self._client_keys = {
+            deployment_id_of(d): client_keys(deployment_id_of(d))
+            for deps in self._deployments.values()
+            for d in deps
+        }
         # Groups where simple_shuffle has a weight to read; in the others (and with no per-request
         # ``_router_weights``) it is ``random.choice``, which is called as is.
         self._weighted = {
@@ -205,25 +213,19 @@ class DirectDispatcher:
         ``_update_kwargs_before_fallbacks`` (trace id, requested group), the walk's metadata
         (no retries, no fallbacks: the plugin's own), then ``_update_kwargs_with_deployment`` and
         the ``litellm_params`` merge, by the Router's own functions."""
-        from litellm.litellm_core_utils.routing_common_utils import without_router_only_kwargs
-        from litellm.router_rust.invoke.shaping import (
-            deployment_params_with_request_reasoning_override,
-            update_kwargs_with_deployment,
-        )
-        from litellm.router_strategy.complexity_router.context_compaction import initialize_compaction_state
-
+        p = self._pieces
         keys = self._routing_keys
         request: dict[str, Any] = {k: v for k, v in kwargs.items() if k not in keys}
         md = dict(request.get("metadata") or {})
         md["model_group"] = group
         md["model_group_alias"] = None
         request["metadata"] = md
-        request["stream"] = bool(request.get("stream", False))
+        request["stream"] = stream = bool(request.get("stream", False))
         request.setdefault("litellm_trace_id", str(uuid.uuid4()))
-        request["_context_compaction_state"] = initialize_compaction_state(request, "chat")
+        request["_context_compaction_state"] = p.initialize_compaction_state(request, "chat")
         request["messages"] = messages
-        params = deployment_params_with_request_reasoning_override(dict(dep["litellm_params"]), request)
-        update_kwargs_with_deployment(
+        params = p.deployment_params(dep, request)
+        p.update_kwargs_with_deployment(
             self._shaping, dep, request, cache=self._store, splits_stream_timeout=True
         )
         md.update(
@@ -235,11 +237,8 @@ class DirectDispatcher:
                 "model_group_size": self._group_size[group],
             }
         )
-        client = self._store.get_cache(
-            key=f"{deployment_id_of(dep)}_{'stream_' if request['stream'] else ''}async_client",
-            local_only=True,
-        )
-        return without_router_only_kwargs(  # type: ignore[no-any-return]
+        client = self._store.get_cache(key=self._client_keys[deployment_id_of(dep)][stream], local_only=True)
+        return p.without_router_only_kwargs(  # type: ignore[no-any-return]
             {**params, "caching": False, "client": client, **request}
         )
 
@@ -253,8 +252,7 @@ class DirectDispatcher:
         elif op == "text_completion":
             kwargs = {k: v for k, v in kwargs.items() if k not in ("is_retry", "is_fallback", "is_async")}
         client = self._store.get_cache(
-            key=f"{deployment_id_of(dep)}_{'stream_' if kwargs.get('stream') is True else ''}async_client",
-            local_only=True,
+            key=self._client_keys[deployment_id_of(dep)][kwargs.get("stream") is True], local_only=True
         )
         return operation_kwargs(
             self._shaping,
@@ -269,37 +267,12 @@ class DirectDispatcher:
             client,
         )
 
-    @staticmethod
     def stamp_response(
-        resp: Any, group: str, sent: Mapping[str, Any], remaining: Mapping[str, Any] | None = None
+        self, resp: Any, group: str, sent: Mapping[str, Any], remaining: Mapping[str, Any] | None = None
     ) -> Any:
-        """The headers the Router's ``finish_async`` stamps on a served answer (model id, the group
-        it was served as, zero retries and fallbacks: the plugin's own are in its report)."""
-        from litellm.litellm_core_utils.add_retry_fallback_headers import (
-            add_fallback_headers_to_response,
-            add_retry_headers_to_response,
-            apply_quality_router_decision_headers,
-            apply_response_model_id,
-            complexity_router_decision_headers,
-            ensure_response_additional_headers,
-            prepare_response_for_header_attachment,
-        )
-        from litellm.router_utils.router_callbacks.track_deployment_metrics import find_deployment_metadata
-
-        response = prepare_response_for_header_attachment(resp)
-        if response is None:
-            return resp
-        additional = ensure_response_additional_headers(response)
-        apply_response_model_id(response, find_deployment_metadata(sent))
-        additional["x-litellm-model-group"] = group
-        apply_quality_router_decision_headers(additional, sent)
-        additional.update(complexity_router_decision_headers(sent))
-        if remaining:  # the group's x-ratelimit-* left, for a group whose usage the Router counts
-            from litellm.litellm_core_utils.add_retry_fallback_headers import apply_remaining_usage_headers
-
-            apply_remaining_usage_headers(additional, dict(remaining))
-        response = add_retry_headers_to_response(response=response, attempted_retries=0, max_retries=None)
-        return add_fallback_headers_to_response(response=response, attempted_fallbacks=0)
+        """The headers the Router's ``finish_async`` stamps on a served answer (see
+        :meth:`RouterPieces.stamp_response`)."""
+        return self._pieces.stamp_response(resp, group, sent, remaining)
 
     # -- the Dispatcher protocol -----------------------------------------------------------------
 
@@ -348,12 +321,7 @@ class DirectDispatcher:
         """One request straight to the deployment the engine admits and ``simple_shuffle`` picks."""
         if not self.direct_for(attempt, kwargs):
             return await self.via_router.send(attempt, messages, kwargs, timeout_s=timeout_s, bound=bound)
-        from litellm.router_rust.invoke.shaping import (
-            stamp_deployment_num_retries,
-            stamp_failed_deployment_id,
-        )
-        from litellm.router_strategy.simple_shuffle import simple_shuffle
-
+        p = self._pieces
         engine = self.engine
         call = attempt.call
         group = attempt.group
@@ -361,7 +329,7 @@ class DirectDispatcher:
         if len(pool) == 1:
             dep = pool[0]
         elif group in self._weighted or "_router_weights" in kwargs:
-            dep = simple_shuffle(_no_alias, pool, group, kwargs)
+            dep = p.simple_shuffle(_no_alias, pool, group, kwargs)
         else:
             dep = random.choice(pool)  # simple_shuffle's own last line when nothing is weighted
         dep_id = deployment_id_of(dep)
@@ -393,8 +361,8 @@ class DirectDispatcher:
                     return await prefetch_stream(resp)
         except Exception as e:
             if op == CHAT:
-                stamp_deployment_num_retries(e, dep)
-                stamp_failed_deployment_id(e, sent.get("model_info"))
+                p.stamp_deployment_num_retries(e, dep)
+                p.stamp_failed_deployment_id(e, sent.get("model_info"))
             else:
                 stamp_operation_error(op, e, dep, sent)
             if tracked:

@@ -164,8 +164,8 @@ def _router_streams(deps: list[Mapping[str, Any]], settings: Mapping[str, Any]) 
     out = "; Responses streams through the Router (its own event wrapper)"
     if held:
         out += (
-            f"; streams through the Router: {', '.join(held)} hold a max_parallel_requests slot "
-            "for the whole stream"
+            f"; streams on {', '.join(held)} through the Router (a max_parallel_requests slot held "
+            "for the whole stream)"
         )
     return out
 

@@ -107,3 +107,29 @@ def test_plan_keeps_counted_groups_on_the_router_by_default(sim: ProviderSimulat
         assert "per-minute usage is counted in the Router" in plan["reason"]
     finally:
         r.close()
+
+
+def test_redis_keeps_groups_on_the_router_and_says_why(sim: ProviderSimulator) -> None:
+    """Usage counters, cooldowns and slots shared through Redis are not proven for direct attempts."""
+    r = ResilientRouter(
+        model_list=[deployment(sim, "g", "a")], router_settings={"redis_url": "redis://127.0.0.1:1"}
+    )
+    try:
+        plan = r.dispatch_plan()["g"]
+        assert plan["dispatcher"] == "router"
+        assert plan["reason"].startswith("router_settings redis_url (the Router shares its usage counters")
+    finally:
+        r.close()
+
+
+def test_direct_plan_names_what_still_streams_through_the_router(sim: ProviderSimulator) -> None:
+    r = ResilientRouter(
+        model_list=[deployment(sim, "g", "a", max_parallel_requests=2), deployment(sim, "g", "b")]
+    )
+    try:
+        reason = r.dispatch_plan()["g"]["reason"]
+        assert reason.startswith("equivalent to the Router for this config (simple-shuffle)")
+        assert "Responses streams through the Router" in reason
+        assert "streams on a through the Router (a max_parallel_requests slot held" in reason
+    finally:
+        r.close()
