@@ -85,8 +85,8 @@ def routing_hooks_present() -> bool:
 
 class DirectDispatcher:
     """Sends a direct group's attempt through LiteLLM's module function for its operation;
-    everything else (other groups, streams on a deployment with a parallel-request limit, streams
-    of the other operations, request-scoped credentials, routing callbacks) through the wrapped
+    everything else (other groups, streams on a deployment with a parallel-request limit or counted
+    usage, request-scoped credentials, routing callbacks) through the wrapped
     :class:`RouterDispatcher`."""
 
     def __init__(
@@ -296,13 +296,11 @@ class DirectDispatcher:
         return not routing_hooks_present()
 
     def _operation_direct(self, op: str, attempt: AttemptContext, kwargs: Mapping[str, Any]) -> bool:
-        """Does a non-chat attempt go direct: an operation the equivalence suite covers, not a
-        Responses stream (the Router wraps it in its own event reader), no request keys only the
-        Router's generic path handles, no embedding batch a deployment of the group refuses."""
+        """Does a non-chat attempt go direct: an operation the equivalence suite covers, no
+        request keys only the Router's generic path handles, no embedding batch a deployment of
+        the group refuses."""
         if op not in OPERATION_FUNCTIONS:
             return False
-        if attempt.call.stream and op != "text_completion":
-            return False  # a Responses stream: the Router's own event wrapper (held lifecycle events)
         if op == "responses":
             return GENERIC_ROUTER_ONLY.isdisjoint(kwargs)
         if op == "embedding" and attempt.group in self._batch_limited_groups:

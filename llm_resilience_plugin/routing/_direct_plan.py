@@ -161,13 +161,12 @@ def _router_streams(deps: list[Mapping[str, Any]], settings: Mapping[str, Any]) 
         if (d.get("litellm_params") or {}).get("max_parallel_requests")
         or settings.get("default_max_parallel_requests")
     ]
-    out = "; Responses streams through the Router (its own event wrapper)"
-    if held:
-        out += (
-            f"; streams on {', '.join(held)} through the Router (a max_parallel_requests slot held "
-            "for the whole stream)"
-        )
-    return out
+    if not held:
+        return ""
+    return (
+        f"; streams on {', '.join(held)} through the Router (a max_parallel_requests slot held "
+        "for the whole stream)"
+    )
 
 
 def dispatch_plan(router: litellm.Router, settings: Mapping[str, Any], mode: str) -> dict[str, GroupDispatch]:

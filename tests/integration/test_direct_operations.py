@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
+import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -307,25 +309,53 @@ async def test_no_new_http_client_per_call(sim: ProviderSimulator, pair: Any, op
     assert all(after[k] is before[k] for k in before)
 
 
-async def test_responses_streams_and_batch_limits_stay_on_the_router(
-    sim: ProviderSimulator, pair: Any
-) -> None:
-    """Not proven equivalent yet: Responses streams (the Router holds lifecycle events in its own
-    wrapper) and embedding groups with a batch limit (the Router's own refusal) use the Router."""
-    r = pair(_model_list(sim, "responses"))["direct"]
-    d = r.engine.dispatcher
-    assert isinstance(d, DirectDispatcher)
-    stream = await r.aresponses("g", "Say hello", stream=True)
-    async for _ in stream:
-        pass
-    assert d.sent_direct == 0
-    await r.aresponses("g", "Say hello")
-    assert d.sent_direct == 1
+async def test_embedding_batch_limits_stay_on_the_router(sim: ProviderSimulator, pair: Any) -> None:
+    """Not proven equivalent: an embedding group with a batch limit (the Router's own refusal)."""
     ml = _model_list(sim, "embedding")
     ml[0]["model_info"]["max_embedding_batch_size"] = 4
     r = pair(ml)["direct"]
+    assert isinstance(r.engine.dispatcher, DirectDispatcher)
     await r.aembedding("g", ["x", "y"])
-    assert r.engine.dispatcher.sent_direct == 0  # type: ignore[union-attr]
+    assert r.engine.dispatcher.sent_direct == 0
+
+
+def _event(e: Any) -> Any:
+    """A Responses stream event without the provider's per-response ids."""
+    text = json.dumps(e.model_dump() if hasattr(e, "model_dump") else dict(e), default=str)
+    d = json.loads(re.sub(r"msg_sim_\d+", "msg", text))
+    if isinstance(d.get("response"), dict):
+        d["response"].pop("id", None)
+        d["response"].pop("created_at", None)
+    return type(e).__name__, d
+
+
+async def test_responses_streams_give_the_same_events(
+    sim: ProviderSimulator, monkeypatch: pytest.MonkeyPatch, pair: Any
+) -> None:
+    """Healthy, and cut after content (``recover_streams=False``): the same events, report and
+    error through both dispatchers."""
+    from llm_resilience_plugin.errors import StreamInterruptedError
+
+    rs = pair(_model_list(sim, "responses"))
+    rec = Recorder(monkeypatch)
+    events, reports, cut = {}, {}, {}
+    for mode, r in rs.items():
+        sim.clear_log()
+        stream = await r.aresponses("g", "Say hello", stream=True)
+        events[mode] = [_event(e) async for e in stream]
+        (req,) = sim.requests()
+        rep = stream.report
+        reports[mode] = (rep.outcome, rep.deployment_id, rep.usage, rep.response_cost, req.body, req.headers)
+        sim.script("a", Fault.stream_cut(after_chunks=3))
+        stream = await r.aresponses("g", "Say hello", stream=True, recover_streams=False)
+        with pytest.raises(StreamInterruptedError) as e:
+            _ = [x async for x in stream]
+        cut[mode] = (e.value.partial_text, stream.report.outcome, stream.report.error_class)
+    assert rs["direct"].engine.dispatcher.sent_direct == 2  # type: ignore[union-attr]
+    assert events["router"] == events["direct"] and len(events["direct"]) > 5
+    assert reports["router"] == reports["direct"] and reports["direct"][:2] == ("success", "a")
+    assert cut["router"] == cut["direct"]
+    assert _normal_kwargs(rec.calls[-4][1]) == _normal_kwargs(rec.calls[-2][1])
 
 
 def test_sync_twins_go_direct(sim: ProviderSimulator, pair: Any) -> None:
