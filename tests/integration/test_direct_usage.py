@@ -132,3 +132,47 @@ def test_direct_plan_names_what_still_streams_through_the_router(sim: ProviderSi
         assert "streams on a through the Router (a max_parallel_requests slot held" in reason
     finally:
         r.close()
+
+
+async def test_callbacks_on_counted_deployments_are_the_same(
+    sim: ProviderSimulator, monkeypatch: pytest.MonkeyPatch, routers: list[ResilientRouter]
+) -> None:
+    """A ``litellm.callbacks`` user sees the same success and failure events (and metadata keys)
+    for a deployment whose usage is counted, whichever path counted it."""
+    import asyncio
+
+    import litellm
+
+    from tests.integration.test_direct_operations import SLO_KEYS, Events
+
+    for name in (
+        "callbacks",
+        "input_callback",
+        "success_callback",
+        "failure_callback",
+        "_async_success_callback",
+        "_async_failure_callback",
+    ):  # LiteLLM's own copies of other tests' loggers (capped at 30) are left out
+        kept = [cb for cb in getattr(litellm, name) if not type(cb).__module__.startswith("tests.")]
+        monkeypatch.setattr(litellm, name, kept)
+    events = Events()
+    monkeypatch.setattr(litellm, "callbacks", [*litellm.callbacks, events])
+    rs = _pair(routers, [deployment(sim, "g", "cbu", rpm=50)])
+    got: dict[str, list[Any]] = {}
+    for mode, r in rs.items():
+        events.seen.clear()
+        await r.acompletion(model="g", messages=MSG)
+        sim.script("cbu", Fault.server_error(500))
+        with pytest.raises(Exception):  # noqa: B017 - compared across modes below
+            await r.acompletion(model="g", messages=MSG)
+        for _ in range(100):  # the success event is logged in the background
+            if sum(e[1].get("model_id") == "cbu" for e in events.seen) >= 2:
+                break
+            await asyncio.sleep(0.01)
+        got[mode] = sorted((e for e in events.seen if e[1].get("model_id") == "cbu"), key=lambda e: e[0])
+        assert [kind for kind, _ in got[mode]] == ["failure", "success"], mode
+    assert rs["direct"].engine.dispatcher.sent_direct == 2  # type: ignore[union-attr]
+    for (kind_a, a), (kind_b, b) in zip(got["router"], got["direct"], strict=True):
+        assert kind_a == kind_b
+        assert {k: a.get(k) for k in SLO_KEYS} == {k: b.get(k) for k in SLO_KEYS}, kind_a
+        assert set(a["metadata"]) == set(b["metadata"]), kind_a
