@@ -391,3 +391,32 @@ async def test_text_completion_streams_give_the_same_chunks(
     assert reports["router"] == reports["direct"] and reports["direct"][:2] == ("success", "a")
     assert reqs["router"].body == reqs["direct"].body and reqs["router"].headers == reqs["direct"].headers
     assert _normal_kwargs(rec.calls[-2][1]) == _normal_kwargs(rec.calls[-1][1])
+
+
+@pytest.mark.parametrize("op", ["embedding", "responses"])
+async def test_max_parallel_requests_is_one_shared_limit(sim: ProviderSimulator, pair: Any, op: str) -> None:
+    """The Router holds a deployment's slot around these endpoints' attempts too: a call over it
+    gets the same 429 whichever dispatcher holds the slot."""
+    rs = pair(
+        _model_list(sim, op, max_parallel_requests=1), policy={"classes": {"rate_limit": {"action": "fail"}}}
+    )
+    errors = {}
+    for mode, r in rs.items():
+        await _call(r, op)  # the Router builds its limit on first use
+        limit = r.litellm_router.health().store.get_cache(
+            key="a_max_parallel_requests_client", local_only=True
+        )
+        assert limit is not None and limit.max_parallel_requests == 1
+        sim.script("a", Fault.ok(latency=0.3))
+        first = asyncio.ensure_future(_call(r, op))
+        await asyncio.sleep(0.1)
+        assert limit.in_flight == 1
+        with pytest.raises(AllRoutesFailedError) as e:
+            await _call(r, op)
+        errors[mode] = e.value.__cause__
+        await first
+        assert limit.in_flight == 0
+    assert rs["direct"].engine.dispatcher.sent_direct == 3  # type: ignore[union-attr]
+    a, b = errors["router"], errors["direct"]
+    assert isinstance(b, litellm.RateLimitError) and type(a) is type(b)
+    assert str(a).startswith(str(b))
