@@ -94,8 +94,8 @@ DISPATCH_MODES = ("auto", "router", "direct")
 
 # Deployment limits whose per-minute usage the Router counts. A direct attempt reports into the
 # same counters (:mod:`._direct_usage`, proven equal by tests/integration/test_direct_usage.py),
-# but such groups stay on the Router while this is False: the released test suite pins them there.
-USAGE_DIRECT = False
+# so such groups go direct; False sends them back through the Router.
+USAGE_DIRECT = True
 USAGE_PARAMS = frozenset({"rpm", "tpm"})
 
 

@@ -1,7 +1,7 @@
 """Direct attempts on deployments with rpm/tpm limits count their usage in the wrapped Router's own
 counters exactly as the Router's attempts do: the same requests and tokens of the minute, the same
-success/failure counts, the same ``x-ratelimit-*`` headers. (Such groups still dispatch through the
-Router by default: ``USAGE_DIRECT`` switches them to direct; this suite proves the switch safe.)"""
+success/failure counts, the same ``x-ratelimit-*`` headers. (Such groups dispatch direct by default;
+``USAGE_DIRECT = False`` sends them back through the Router. This suite proves the switch safe.)"""
 
 from __future__ import annotations
 
@@ -99,7 +99,18 @@ async def test_streams_on_counted_deployments_use_the_router(
     assert r.engine.dispatcher.sent_direct == 1  # type: ignore[union-attr]
 
 
-def test_plan_keeps_counted_groups_on_the_router_by_default(sim: ProviderSimulator) -> None:
+def test_plan_sends_counted_groups_direct_by_default(sim: ProviderSimulator) -> None:
+    r = ResilientRouter(model_list=[deployment(sim, "g", "a", rpm=50)])
+    try:
+        assert r.dispatch_plan()["g"]["dispatcher"] == "direct"
+    finally:
+        r.close()
+
+
+def test_plan_keeps_counted_groups_on_the_router_when_switched_off(
+    sim: ProviderSimulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_direct_plan, "USAGE_DIRECT", False)
     r = ResilientRouter(model_list=[deployment(sim, "g", "a", rpm=50)])
     try:
         plan = r.dispatch_plan()["g"]
