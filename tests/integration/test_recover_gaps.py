@@ -77,3 +77,20 @@ async def test_the_last_route_waits_the_whole_attempt_timeout(make_router: Route
     sim.set_default("a", Fault.slow_first_token(1.5))  # slower than learned, but nowhere else to go
     resp = await router.acompletion(model="primary", messages=MSG)
     assert get_report(resp).upstream_requests == 1  # type: ignore[union-attr]
+
+
+async def test_avoid_deployments_skips_them_and_fails_over_without_a_circuit_open_record(
+    make_router: RouterFactory, sim
+):
+    import pytest
+
+    from llm_resilience_plugin import ConfigError
+
+    router = make_router({"primary": ["a"], "backup": ["b"]}, fallbacks=[{"primary": ["backup"]}])
+    resp = await router.acompletion(model="primary", messages=MSG, avoid_deployments=["a"])
+    report = get_report(resp)
+    assert report is not None and report.served_group == "backup" and sim.count("a") == 0
+    assert [a.deployment_id for a in report.attempts] == ["b"]  # nothing recorded as circuit_open
+    with pytest.raises(ConfigError, match="avoid_deployments"):
+        await router.acompletion(model="primary", messages=MSG, avoid_deployments="a")
+    assert sim.count("a") == 0 and sim.count("b") == 1
