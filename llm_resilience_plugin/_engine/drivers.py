@@ -319,6 +319,7 @@ def _group_state(engine: Engine, call: CallState, group: str) -> GroupRetryState
         retry_on_max=engine.retry_on_max,
         has_candidates=lambda: _has_candidates(engine, call, group),
         spread_hold=engine.spread_hold,
+        hold_slot=lambda: engine.hold_slot(call, group),
     )
 
 
