@@ -24,7 +24,7 @@ class HoldQueue:
     def __init__(self) -> None:
         self._answers: dict[str, deque[float]] = {}
         self._held: dict[str, tuple[float, float]] = {}  # deployment -> (hold start, hold end)
-        self._waiting: dict[str, tuple[float, int]] = {}  # deployment -> (hold end, calls waiting)
+        self._waiting: dict[str, tuple[float | None, int]] = {}  # deployment -> (hold start, waiting)
         self._lock = threading.Lock()
 
     def answered(self, dep: str, now: float) -> None:
@@ -54,11 +54,12 @@ class HoldQueue:
         and still has room: the seconds to wait, or None when every queue is full."""
         with self._lock:
             for dep, held in sorted(holds, key=lambda h: h[1]):
-                end = round(now + held, 3)  # one hold, one queue
-                known_end, count = self._waiting.get(dep, (0.0, 0))
-                if known_end != end:
+                # One hold, one queue: a hold extended by more 429s keeps its start, and its queue.
+                start = self._held.get(dep, (round(now + held, 3), 0.0))[0]
+                known, count = self._waiting.get(dep, (None, 0))
+                if known != start:
                     count = 0
                 if count < self.capacity(dep):
-                    self._waiting[dep] = (end, count + 1)
+                    self._waiting[dep] = (start, count + 1)
                     return held
         return None

@@ -94,3 +94,27 @@ async def test_avoid_deployments_skips_them_and_fails_over_without_a_circuit_ope
     with pytest.raises(ConfigError, match="avoid_deployments"):
         await router.acompletion(model="primary", messages=MSG, avoid_deployments="a")
     assert sim.count("a") == 0 and sim.count("b") == 1
+
+
+async def test_one_call_waits_out_a_hold_and_the_overflow_fails_over_at_once(make_router: RouterFactory, sim):
+    import asyncio
+    import time
+
+    from llm_resilience_plugin._engine.clock import Clock
+
+    router = make_router(
+        {"primary": ["a"], "backup": ["b"]}, fallbacks=[{"primary": ["backup"]}], clock=Clock()
+    )
+    await router.acompletion(model="primary", messages=MSG)  # warm: the 429s below come back together
+    sim.set_default("a", Fault.rate_limit(retry_after=0.3))  # "a" stays at its limit
+    t = time.monotonic()
+    results = await asyncio.gather(*(router.acompletion(model="primary", messages=MSG) for _ in range(3)))
+    elapsed = time.monotonic() - t
+    assert all(get_report(r).served_group == "backup" for r in results)  # type: ignore[union-attr]
+    # "a" answered nothing while held, so one call queues for its hold (and meets a 429 again, or
+    # a hold extended by the others' 429s: it has waited one hold, so it fails over); the two
+    # others fail over at once.
+    assert sim.count("a") in (4, 5) and sim.count("b") == 3
+    waited = [get_report(r).attempts[-1].wait_before_s for r in results]  # type: ignore[union-attr]
+    assert sum(1 for r in results for a in get_report(r).attempts if a.wait_before_s >= 0.3) == 1  # type: ignore[union-attr]
+    assert waited.count(0.0) == 3 and elapsed < 2.0
