@@ -201,8 +201,9 @@ class GroupRetryState:
                         self.shed = "waited out one Retry-After of the group already: failing over"
                     elif self.hold_slot() is None:
                         self.shed = "the group's Retry-After queue is full (overflow): failing over"
-                    else:  # back over a fifth of the hold after it: the bucket refills between them
-                        hold *= 1.0 + self.rng.uniform(0.0, HOLD_SPREAD)
+                    else:
+                        if self.spread_hold is not None:  # with others queued: back over a fifth
+                            hold = self.spread_hold(hold, hold * (1.0 + HOLD_SPREAD))  # of the hold
                         self.hold_waited += hold
                     return max(delay, hold)
                 if self.spread_hold is not None:  # the calls held together do not all come back at once
