@@ -469,6 +469,9 @@ class ResilientRouter(EndpointsMixin):
             tier=tier,
             operation=operation,
         )
+        if opts.avoid:  # deployments the caller knows just failed this request (never sent to)
+            ctx.failed.update(opts.avoid)
+            ctx.never_again.update(opts.avoid)
         if self.events.active:  # for observers (logs, metrics); a call's own listener sees attempts on
             self.events.emit(_started(ctx, messages, clean))
         return ctx, clean
