@@ -223,9 +223,8 @@ class ResilientChatModel(ClosesRouter, BaseChatModel):
         return lease.router()
 
     def close(self) -> None:
-        """Release the router this model built; it closes when no other model with the same
-        configuration holds it (a ``router=`` router is left alone). Also ``with model:``,
-        ``async with model:`` and ``await model.aclose()``."""
+        """Release the router this model built (closed with its last model; ``router=`` is left
+        alone). Also ``with model:``, ``async with model:`` and ``await model.aclose()``."""
         if self._lease is not None:
             self._lease.release()
 

@@ -431,16 +431,9 @@ class ResilientRouter(EndpointsMixin):
             opts, clean = split_options(kwargs)
         else:  # the common case: LiteLLM's own arguments only
             opts, clean = NO_OPTIONS, dict(kwargs)
-        priority = opts.priority if opts.priority is not None else self.policy.default_tier
-        tier = None
-        if priority is not None:
-            tier = self.policy.tiers.get(priority)
-            if tier is None:
-                raise ConfigError(
-                    "priority", f"unknown tier {priority!r}; configured tiers: {sorted(self.policy.tiers)}"
-                )
-            if tier.shed_below > 0:
-                self._shed_check(model, priority, tier, clean)
+        priority, tier = _tier_of(self.policy, opts.priority)
+        if priority is not None and tier is not None and tier.shed_below > 0:
+            self._shed_check(model, priority, tier, clean)
         call_id = f"{_CALL_PREFIX}{next(_CALL_IDS):x}"
         report = CallReport(
             call_id, model, stream, self.engine.clock.wall(), priority=priority, operation=operation
@@ -568,6 +561,17 @@ def get_report(obj: Any) -> CallReport | None:
         return hidden[REPORT_KEY]  # type: ignore[no-any-return]
     rep = getattr(obj, REPORT_KEY, None) or getattr(obj, "report", None)
     return rep if isinstance(rep, CallReport) else None
+
+
+def _tier_of(policy: ResiliencePolicy, asked: str | None) -> tuple[str | None, TierPolicy | None]:
+    """The call's priority (the policy's default tier when it names none) and that tier."""
+    priority = asked if asked is not None else policy.default_tier
+    if priority is None:
+        return None, None
+    tier = policy.tiers.get(priority)
+    if tier is None:
+        raise ConfigError("priority", f"unknown tier {priority!r}; configured tiers: {sorted(policy.tiers)}")
+    return priority, tier
 
 
 def _started(ctx: CallState, messages: Any, clean: Mapping[str, Any]) -> CallStarted:
