@@ -21,7 +21,7 @@ busy machine disturbs far less, in two ways:
   interval is wide on a shared machine.
 
     python benchmarks/profile_overhead.py [--rounds 15] [--calls 2000] [--concurrency 50]
-                                          [--profile] [--top 25]
+                                          [--profile] [--top 25] [--embeddings]
                                           [--live] [--blocks 40] [--block 20] [--dispatch router]
 """
 
@@ -64,6 +64,10 @@ class StubRouter:
             self.young = gc.get_count()[0]
         await asyncio.sleep(0)  # one trip through the loop, as a real request makes
         return self.response
+
+    async def aembedding(self, model: str, input: Any, **kwargs: Any) -> Any:
+        """``--embeddings``: the captured embedding response (``acompletion``'s bookkeeping)."""
+        return await self.acompletion(model, input, **kwargs)
 
 
 async def held_objects(call: Call, stub: StubRouter, concurrency: int) -> float:
@@ -219,6 +223,46 @@ async def stub_mode(args: argparse.Namespace) -> None:
     plugin_router.close()
 
 
+async def embeddings_stub_mode(args: argparse.Namespace) -> None:
+    """``--embeddings``: the stub method on ``aembedding`` (two texts, no cost guard: the
+    benchmark's embeddings row); ``--profile`` shows where the plugin's time goes."""
+    try:
+        from _overhead_embeddings import TEXTS, build_embeddings
+    except ImportError:  # pragma: no cover
+        from benchmarks._overhead_embeddings import TEXTS, build_embeddings
+    sim = ExternalSimulator()
+    try:
+        _, bare_call = build_embeddings("bare", sim)
+        response = await bare_call()
+        plugin_router, _ = build_embeddings("resilient", sim)
+    finally:
+        sim.stop()
+    stub = StubRouter(response)
+    stubbed(plugin_router, stub)
+    via = getattr(plugin_router.engine.dispatcher, "via_router", None)  # non-chat calls go via the Router
+    if via is not None and hasattr(via, "router"):
+        via.router = stub
+
+    async def bare() -> Any:
+        return await stub.aembedding(model="embed", input=TEXTS)
+
+    async def plugin() -> Any:
+        return await plugin_router.aembedding(model="embed", input=TEXTS)
+
+    systems = {"bare": bare, "resilient": plugin}
+    for call in systems.values():
+        await _run(call, 500, 1)
+    cpu = await paired_cpu(systems, args.rounds, args.calls, 1)
+    print(
+        f"stub aembedding ({args.rounds} rounds of {args.calls} calls): stub alone {cpu['bare_us']:.1f} µs, "
+        f"through the plugin {cpu['plugin_us']:.1f} µs; plugin's own {cpu['own_us']:.1f} µs/call "
+        f"(95 % interval {cpu['own_ci95'][0]:.1f}-{cpu['own_ci95'][1]:.1f})"
+    )
+    if args.profile:
+        await profile(plugin, min(args.calls, 2000), 1, args.top)
+    plugin_router.close()
+
+
 async def live_mode(args: argparse.Namespace) -> None:
     sim = ExternalSimulator()
     try:
@@ -252,6 +296,7 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="stub: also show where the time goes (cProfile)")
     ap.add_argument("--top", type=int, default=25, help="rows of the profile")
     ap.add_argument("--live", action="store_true", help="against the simulator instead of the stub")
+    ap.add_argument("--embeddings", action="store_true", help="stub: aembedding instead of acompletion")
     ap.add_argument("--blocks", type=int, default=40, help="live: block pairs")
     ap.add_argument("--block", type=int, default=20, help="live: sequential calls per block")
     ap.add_argument(
@@ -261,6 +306,9 @@ def main() -> None:
         help="live: the plugin's dispatch (router: the wrapped Router; auto: direct where equivalent)",
     )
     args = ap.parse_args()
+    if args.embeddings:
+        asyncio.run(embeddings_stub_mode(args))
+        return
     asyncio.run(live_mode(args) if args.live else stub_mode(args))
 
 

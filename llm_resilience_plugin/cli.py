@@ -117,6 +117,8 @@ def _build(spec: Any) -> tuple[Any, list[Problem], dict[str, Any]]:
         field = (
             e.field if e.field.startswith(("cost", "model_list", "router_settings")) else f"cost.{e.field}"
         )
+        if e.field.startswith("observability."):  # the policy's section, as the config file names it
+            field = f"resilience.{e.field}"
         return guard, [Problem(field, e.message)], {}
     except Exception as e:
         first = (str(e).strip().splitlines() or [""])[0]

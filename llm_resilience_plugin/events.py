@@ -113,6 +113,7 @@ class AttemptRecord:
     served_model: str | None = None  # the model the provider says answered (successes)
     usage: dict[str, int] | None = None  # the attempt's token usage, when known
     cost: float | None = None  # what the provider (LiteLLM's price map) says the attempt cost
+    operation: str = "completion"  # LiteLLM's call (see CallStarted.operation)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -249,6 +250,7 @@ class CallReport:
     hedged: bool = False
     replayed: bool = False
     stream_restarts: int = 0
+    operation: str = "completion"  # LiteLLM's call: completion (chat), embedding, responses, ...
     # The key, or how to compute it: the content fingerprint is hashed on first read when nothing
     # needed it during the call, so calls without a store, guard or listener never pay for it.
     _idempotency_key: str | None = field(default=None, repr=False)
@@ -336,6 +338,7 @@ class CallReport:
             "hedged": self.hedged,
             "replayed": self.replayed,
             "stream_restarts": self.stream_restarts,
+            "operation": self.operation,
             "attempts": [a.to_dict() for a in self.attempts],
         }
 

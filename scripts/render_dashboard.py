@@ -182,6 +182,7 @@ async def run(ticks: int, per_tick: int, tick_s: float) -> list[Scrape]:
                 "attempt_timeout": 2,
                 "backoff": {"initial": 0.01, "maximum": 0.05},
                 "breaker": {"fail_max": 3, "reset_timeout": 2},
+                "hedge": {"delay": 0.05, "max_extra_fraction": 0.1},
             },
             guards=[guard],
             seed=7,
@@ -192,8 +193,11 @@ async def run(ticks: int, per_tick: int, tick_s: float) -> list[Scrape]:
         for tick in range(ticks):
             phase = tick / ticks
             # faults by phase: healthy, a flaky provider, an outage of b (its breaker opens), recovery
-            sim.set_default(
-                "a", Fault.flaky(0.35, Fault.server_error(503)) if 0.25 <= phase < 0.75 else Fault.ok()
+            sim.set_default(  # a is slow when healthy: some of its calls are hedged to b
+                "a",
+                Fault.flaky(0.35, Fault.server_error(503))
+                if 0.25 <= phase < 0.75
+                else Fault.ok(latency=0.08),
             )
             sim.set_default("b", Fault.server_error(500) if 0.45 <= phase < 0.65 else Fault.ok(latency=0.02))
             sim.set_default("c", Fault.ok(latency=0.05))

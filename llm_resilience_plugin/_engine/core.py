@@ -39,6 +39,7 @@ OPTION_KEYS = frozenset(
         "priority",
         "scenario",
         "recover_streams",
+        "avoid_deployments",
     }
 )
 
@@ -68,6 +69,7 @@ class CallOptions:
     priority: str | None = None
     scenario: str | None = None
     recover_streams: bool | None = None  # None: the policy decides
+    avoid: frozenset[str] = frozenset()  # deployment ids this call never sends to
 
 
 NO_OPTIONS = CallOptions()
@@ -190,6 +192,9 @@ def split_options(kwargs: Mapping[str, Any]) -> tuple[CallOptions, dict[str, Any
     recover = kwargs.get("recover_streams")
     if recover is not None and not isinstance(recover, bool):
         raise ConfigError("recover_streams", "must be True or False (None: as the policy says)")
+    avoid = kwargs.get("avoid_deployments") or ()
+    if not isinstance(avoid, list | tuple | set | frozenset) or not all(isinstance(d, str) for d in avoid):
+        raise ConfigError("avoid_deployments", "must be a collection of deployment ids (strings)")
     opts = CallOptions(
         key=key,
         idempotent=bool(kwargs.get("idempotent", True)),
@@ -199,6 +204,7 @@ def split_options(kwargs: Mapping[str, Any]) -> tuple[CallOptions, dict[str, Any
         priority=priority,
         scenario=scenario,
         recover_streams=recover,
+        avoid=frozenset(avoid),
     )
     return opts, clean
 

@@ -125,10 +125,11 @@ async def walk_routes(
     walk = _Walk(requested, messages, kwargs)
     while True:
         group, level = walk.group, walk.level
-        if call.failures and not _has_candidates(engine, call, group):
+        if (call.failures or call.opts.avoid) and not _has_candidates(engine, call, group):
             # Every deployment of this group already failed this call (a stream resuming
-            # elsewhere): go straight to the next route, nothing to record here.
-            step = _after_exhausted(engine, call, walk, call.failures[-1], kwargs)
+            # elsewhere, or the caller's avoid_deployments): go straight to the next route,
+            # nothing to record here.
+            step = _after_exhausted(engine, call, walk, _last_failure(call, group), kwargs)
             if step is _AGAIN:
                 continue
             return step
@@ -171,8 +172,8 @@ def walk_routes_sync(
     walk = _Walk(requested, messages, kwargs)
     while True:
         group, level = walk.group, walk.level
-        if call.failures and not _has_candidates(engine, call, group):
-            step = _after_exhausted(engine, call, walk, call.failures[-1], kwargs)
+        if (call.failures or call.opts.avoid) and not _has_candidates(engine, call, group):
+            step = _after_exhausted(engine, call, walk, _last_failure(call, group), kwargs)
             if step is _AGAIN:
                 continue
             return step
@@ -300,6 +301,15 @@ def _has_candidates(engine: Engine, call: CallState, group: str) -> bool:
     return any(d not in call.never_again for d in engine.group_deployments[group])
 
 
+def _last_failure(call: CallState, group: str) -> Failure:
+    """Why ``group`` has nothing left for this call: its last failure, or the caller's
+    ``avoid_deployments`` (a call continuing one that failed there, e.g. a broken stream)."""
+    if call.failures:
+        return call.failures[-1]
+    why = f"every deployment of {group!r} is in avoid_deployments: nothing sent"
+    return Failure(ErrorClass.CONNECTION, None, why, None, ConnectionError(why))
+
+
 def _group_state(engine: Engine, call: CallState, group: str) -> GroupRetryState:
     """What one group's retry predicates consult, fresh for this call."""
     return GroupRetryState(
@@ -314,6 +324,7 @@ def _group_state(engine: Engine, call: CallState, group: str) -> GroupRetryState
         retry_on_max=engine.retry_on_max,
         has_candidates=lambda: _has_candidates(engine, call, group),
         spread_hold=engine.spread_hold,
+        hold_slot=lambda: engine.hold_slot(call, group),
     )
 
 

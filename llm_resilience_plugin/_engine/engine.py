@@ -29,6 +29,7 @@ from llm_resilience_plugin._engine.core import (
 )
 from llm_resilience_plugin._engine.dispatch import Dispatcher
 from llm_resilience_plugin._engine.hedging import HedgeState
+from llm_resilience_plugin._engine.holds import HoldQueue
 from llm_resilience_plugin._engine.learned import StreamTimings
 from llm_resilience_plugin._engine.retry import RetryAfterHeld, RetryBudget, SharedTokens
 from llm_resilience_plugin.errors import ErrorClass, Failure
@@ -188,6 +189,7 @@ class Engine:
             for g, p in self.policies.items()
         }
         self.timings = {g: StreamTimings() for g in self.policies}
+        self.hold_queue = HoldQueue()  # who waits out a Retry-After hold, who fails over
         self.hedges = {
             g: HedgeState(p.hedge)
             for g, p in self.policies.items()
@@ -257,6 +259,15 @@ class Engine:
             free_in,
             RetryAfterHeld(group, free_in),
         )
+
+    def hold_slot(self, call: CallState, group: str) -> float | None:
+        """A place in the queue of the held deployment of ``group`` that frees first and has room
+        (see _engine.holds): the seconds to wait; None when every queue is full; 0 if one is free."""
+        now = self.clock.wall()
+        holds = [(d, self.breakers[d].held_for(now)) for d in self.admissible(call, group, now)]
+        if not holds or any(h <= 0 for _, h in holds):
+            return 0.0
+        return self.hold_queue.try_wait(holds, now)
 
     def spread_hold(self, hold: float, most: float) -> float:
         """The wait of a call held ``hold`` seconds by a Retry-After (at most ``most``). A call
@@ -370,6 +381,8 @@ class Engine:
         if actx.admission is not None:
             self.breakers[actx.admission.deployment_id].record_success(actx.admission)
         self.budgets[group].on_success()
+        if actx.picked is not None:
+            self.hold_queue.answered(actx.picked, self.clock.wall())
         if not call.stream:
             self.timings[group].observe_answer(latency)
         hedge = self.hedges.get(group)
@@ -430,6 +443,7 @@ class Engine:
                 b.release(adm)
             if failure.retry_after:
                 b.hold(failure.retry_after)
+                self.hold_queue.held(adm.deployment_id, self.clock.wall(), failure.retry_after)
                 self._hold_until = max(self._hold_until, self.clock.wall() + failure.retry_after)
         if counts:
             self.budgets[group].on_failure()
@@ -482,6 +496,7 @@ class Engine:
             served_model,
             usage,
             cost,
+            call.operation,
         )
         if call.listener is None and not self.events.active:
             call.report.defer_attempt(values)  # nobody takes it now: built if the report is read

@@ -32,6 +32,13 @@ class SharedTokens(Protocol):
         """Record a change (applied to the fleet's bucket later, atomically)."""
 
 
+# The waiting one call may spend on a group's Retry-After holds: its first hold, plus this share
+# (a hold extended by other calls' 429s while it waited is waited for, another round is not),
+# and how far after a hold the calls queued for it come back (a share of the hold, at random).
+HOLD_MARGIN = 1.3
+HOLD_SPREAD = 0.2
+
+
 class RetryBudget:
     """Token bucket per model group: a failure spends a token, a success refunds a fraction, and
     retries stop while the bucket is below ``min_fraction`` of its capacity. First attempts and
@@ -132,8 +139,14 @@ class GroupRetryState:
     has_candidates: Callable[[], bool] | None = None
     # The wait for a Retry-After hold of ``hold`` seconds, at most a second value (None: the hold).
     spread_hold: Callable[[float, float], float] | None = None
+    # A place in the queue of a held deployment of the group: the seconds to wait, or None when
+    # every queue is full (see _engine.holds). None: waiting is not bounded that way.
+    hold_slot: Callable[[], float | None] | None = None
     retries_by_class: dict[ErrorClass, int] = field(default_factory=dict)
     gave_up_reason: str | None = None
+    hold_waited: float = 0.0  # seconds this call has waited for Retry-After holds of the group
+    hold_allowance: float | None = None  # at most one hold's worth of waiting (set by the first)
+    shed: str | None = None  # why the wait just computed is not taken: fail over at once
 
     def should_retry(self, exc: BaseException) -> bool:
         if not isinstance(exc, AttemptFailed):
@@ -178,6 +191,21 @@ class GroupRetryState:
             free_in = self.earliest_free()
             if ra is not None and free_in > 0:
                 hold = min(ra, free_in)
+                bound = self.policy.backoff.max_wait_with_fallback
+                if self.has_fallback and self.hold_slot is not None and (bound is None or hold <= bound):
+                    # Bounded waiting with somewhere else to go: one hold per call, and only as many
+                    # calls as the group is likely to take when it lifts (so they come back together).
+                    if self.hold_allowance is None:
+                        self.hold_allowance = HOLD_MARGIN * hold
+                    if self.hold_waited + hold > self.hold_allowance:
+                        self.shed = "waited out one Retry-After of the group already: failing over"
+                    elif self.hold_slot() is None:
+                        self.shed = "the group's Retry-After queue is full (overflow): failing over"
+                    else:
+                        if self.spread_hold is not None:  # with others queued: back over a fifth
+                            hold = self.spread_hold(hold, hold * (1.0 + HOLD_SPREAD))  # of the hold
+                        self.hold_waited += hold
+                    return max(delay, hold)
                 if self.spread_hold is not None:  # the calls held together do not all come back at once
                     bound = self.policy.backoff.max_wait_with_fallback
                     most = max(hold, bound) if self.has_fallback and bound is not None else 3 * hold
@@ -186,6 +214,9 @@ class GroupRetryState:
         return delay
 
     def stop(self, retry_state: tenacity.RetryCallState) -> bool:
+        if self.shed is not None:
+            self.gave_up_reason = self.shed
+            return True
         upcoming = retry_state.upcoming_sleep or 0.0
         exc = retry_state.outcome.exception() if retry_state.outcome else None
         if (

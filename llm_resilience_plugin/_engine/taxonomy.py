@@ -102,6 +102,19 @@ def _status_of(exc: BaseException) -> int | None:
         return None
 
 
+def _wire_status(exc: BaseException, status: int | None) -> int | None:
+    """The 5xx the provider really sent when LiteLLM reports it as a generic 500 (Anthropic's
+    529 ``overloaded_error`` surfaces as ``InternalServerError`` 500): httpx's response says."""
+    if status != 500:
+        return status
+    for e in _chain(exc):
+        if type(e).__module__.split(".")[0] == "httpx" and type(e).__name__ == "HTTPStatusError":
+            wire = getattr(getattr(e, "response", None), "status_code", None)
+            if isinstance(wire, int) and wire > 500:
+                return wire
+    return status
+
+
 def _message_of(exc: BaseException) -> str:
     msg = getattr(exc, "message", None)
     text = msg if isinstance(msg, str) and msg else str(exc)
@@ -269,7 +282,7 @@ def classify(exc: BaseException) -> Failure:
             err.__cause__ = exc
             return Failure(ErrorClass.BAD_REQUEST, None, str(err), None, err)
         return Failure(ErrorClass.BAD_REQUEST, None, f"rejected before sending: {message}", None, exc)
-    status = _status_of(exc)
+    status = _wire_status(exc, _status_of(exc))
     error_class = _class_of(exc, status, message)
     if status is not None and not answered_with_status(exc):
         status = None  # LiteLLM labels a reset or a refused connection 500: no HTTP answer came

@@ -1,7 +1,8 @@
 """What the cost guard reserves for the router's other operations: embeddings (input tokens only),
-text completions and Responses calls (input tokens + the output limit), image generations (per
-image). Chat calls keep the guard's own path; settlement is the same for all (the provider's
-reported cost, else usage x price, else the estimate).
+text completions (input tokens + the output limit per prompt and per ``n``/``best_of``
+completion) and Responses calls (input and instructions tokens + ``max_output_tokens``), image
+generations (per image, by size and quality). Chat calls keep the guard's own path; settlement
+is the same for all (the provider's reported cost, else usage x price, else the estimate).
 """
 
 from __future__ import annotations
@@ -35,9 +36,32 @@ def payload_text(payload: Any) -> str:
     return json.dumps(payload, default=str)
 
 
+# Image qualities LiteLLM's price map names (DALL-E: standard/hd; gpt-image: low/medium/high).
+_QUALITIES = ("standard", "hd", "high", "medium", "low")
+
+
+def _per_image(info: Any, size: str, sized: bool = False) -> float | None:
+    """Dollars per image from one price-map entry: per image, or per pixel of ``size`` (a
+    ``W-x-H`` entry, ``sized``, may state it as ``input_cost_per_image``)."""
+    if not isinstance(info, Mapping):
+        return None
+    per_image = _number(info.get("output_cost_per_image"))
+    if per_image is None and sized:
+        per_image = _number(info.get("input_cost_per_image"))
+    if per_image is not None:
+        return per_image
+    per_pixel = _number(info.get("input_cost_per_pixel"))
+    w, _, h = size.partition("x")
+    if per_pixel is not None and w.isdigit() and h.isdigit():
+        return per_pixel * int(w) * int(h)
+    return None
+
+
 def image_price(d: DeploymentInfo, size: Any, quality: Any) -> float:
     """Dollars per image of a deployment: ``model_info.output_cost_per_image``, else LiteLLM's
-    price map (per image, or per pixel of ``size``); a ConfigError naming the field if unknown."""
+    price map for its model at ``size`` and ``quality`` (``quality/W-x-H/model`` entries, per
+    image or per pixel; no quality or ``"auto"``: the dearest listed, as the provider picks);
+    a ConfigError naming the field if unknown."""
     import litellm
 
     params = d.params or {}
@@ -45,27 +69,52 @@ def image_price(d: DeploymentInfo, size: Any, quality: Any) -> float:
     if own is not None:
         return own
     model = str(params.get("base_model") or params.get("model") or d.model)
-    base = model.split("/", 1)[-1]
+    prefix, _, base = model.rpartition("/")
     size_s = size if isinstance(size, str) and "x" in size else "1024x1024"
-    quality_s = quality if isinstance(quality, str) and quality in ("hd", "standard") else "standard"
-    names = [model, base, f"{quality_s}/{size_s.replace('x', '-x-')}/{base}"]
-    for name in names:
-        info = litellm.model_cost.get(name)
-        if not isinstance(info, Mapping):
-            continue
-        per_image = _number(info.get("output_cost_per_image"))
-        if per_image is not None:
-            return per_image
-        per_pixel = _number(info.get("input_cost_per_pixel"))
-        if per_pixel is not None:
-            w, _, h = size_s.partition("x")
-            if w.isdigit() and h.isdigit():
-                return per_pixel * int(w) * int(h)
+    sized = size_s.replace("x", "-x-")
+    for name in (model, base):
+        price = _per_image(litellm.model_cost.get(name), size_s)
+        if price is not None:
+            return price
+    asked = quality.lower() if isinstance(quality, str) else None
+    qualities = [asked] if asked in _QUALITIES else list(_QUALITIES)
+    found: list[float] = []
+    for q in [*qualities, ""]:  # "": a size-only entry (W-x-H/model)
+        keyed = f"{q}/{sized}" if q else sized
+        names = [f"{keyed}/{base}"] + ([f"{prefix}/{keyed}/{base}"] if prefix else [])
+        for name in names:
+            price = _per_image(litellm.model_cost.get(name), size_s, sized=True)
+            if price is not None:
+                if asked is not None:
+                    return price
+                found.append(price)
+                break
+    if found:
+        return max(found)
     raise ConfigError(
         f"model_list[{d.id}].model_info.output_cost_per_image",
-        f"no per-image price for {model!r} in LiteLLM's price map: set output_cost_per_image "
-        "(dollars per image) on the deployment so the cost guard can reserve image generations",
+        f"no per-image price for {model!r} ({size_s}, quality {quality or 'auto'}) in LiteLLM's "
+        "price map: set output_cost_per_image (dollars per image) on the deployment so the cost "
+        "guard can reserve image generations",
     )
+
+
+def _prompt_count(payload: Any) -> int:
+    """How many prompts a text-completion payload holds (a list of strings or of token lists)."""
+    if isinstance(payload, list) and payload and all(isinstance(p, str | list) for p in payload):
+        return len(payload)
+    return 1
+
+
+def _token_ids(payload: Any) -> int | None:
+    """The exact input tokens of a payload of token ids (one list, or a list of lists), else None."""
+    if not isinstance(payload, list) or not payload:
+        return None
+    if all(isinstance(x, int) and not isinstance(x, bool) for x in payload):
+        return len(payload)
+    if all(isinstance(x, list) and all(isinstance(t, int) for t in x) for x in payload):
+        return sum(len(x) for x in payload)
+    return None
 
 
 def reserve_arguments(
@@ -84,11 +133,19 @@ def reserve_arguments(
             for d in deployments
         ]
         return {"candidates": per_image, "prompt_tokens": images, "max_tokens": 0}
-    text = payload_text(payload)
-    if operation == "embedding":
-        return {"candidates": candidates(), "text": text, "max_tokens": 0}
-    limit = kwargs.get("max_output_tokens") if operation == "responses" else kwargs.get("max_tokens")
-    return {"candidates": candidates(), "text": text, "max_tokens": limit, "n": kwargs.get("n")}
+    ids = _token_ids(payload)
+    counted: dict[str, Any] = {"prompt_tokens": ids} if ids is not None else {"text": payload_text(payload)}
+    if operation == "embedding":  # input tokens only
+        return {"candidates": candidates(), **counted, "max_tokens": 0}
+    if operation == "responses":
+        instructions = kwargs.get("instructions")
+        if isinstance(instructions, str) and "text" in counted:  # sent (and billed) as input too
+            counted["text"] = f"{instructions}\n{counted['text']}"
+        return {"candidates": candidates(), **counted, "max_tokens": kwargs.get("max_output_tokens")}
+    # text completion: every prompt gets n completions (best_of are generated and billed)
+    n, best_of = _number(kwargs.get("n")), _number(kwargs.get("best_of"))
+    copies = _prompt_count(payload) * int(max(n or 1, best_of or 1, 1))
+    return {"candidates": candidates(), **counted, "max_tokens": kwargs.get("max_tokens"), "n": copies}
 
 
 def images_made(response: Any) -> int | None:

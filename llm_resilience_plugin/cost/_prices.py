@@ -88,6 +88,14 @@ def coerce_price(value: Any, field_name: str, *, source: str, model: str | None 
     )
 
 
+def _map_names(model: str) -> list[str]:
+    """``model`` and the name LiteLLM's price map may know it by: OpenAI's completion-mode models
+    (``gpt-3.5-turbo-instruct``, ``davinci-002``) are listed under provider
+    ``text-completion-openai``, so ``openai/gpt-3.5-turbo-instruct`` finds no price as is."""
+    prefix, _, rest = model.partition("/")
+    return [model, f"text-completion-openai/{rest}"] if prefix == "openai" and rest else [model]
+
+
 def _litellm_info(model: str, provider: str | None = None) -> dict[str, Any] | None:
     """LiteLLM's model info for ``model`` when its bundled map states a price, else None."""
     import litellm
@@ -95,7 +103,8 @@ def _litellm_info(model: str, provider: str | None = None) -> dict[str, Any] | N
     quiet = litellm.suppress_debug_info
     litellm.suppress_debug_info = True  # get_llm_provider prints to stdout on a miss
     try:
-        for m, p in ((model, provider), (model, None)):
+        names = _map_names(model)
+        for m, p in [(names[0], provider), *((n, None) for n in names)]:
             try:
                 info = litellm.get_model_info(m, custom_llm_provider=p)
             except Exception:

@@ -36,6 +36,8 @@ from llm_resilience_plugin.langchain._construction import (
     masked,
 )
 from llm_resilience_plugin.langchain._convert import json_safe, to_openai_messages
+from llm_resilience_plugin.langchain._lifecycle import ClosesRouter
+from llm_resilience_plugin.langchain._recovery import reask_kwargs
 from llm_resilience_plugin.langchain._requests import ChatRequest, cache_key, prepare_request, run_config
 from llm_resilience_plugin.langchain._tools import (
     StructuredOutputMethod,
@@ -50,7 +52,7 @@ CONFIG_ENV = "LLM_RESILIENCE_CONFIG"
 API_KEY_ENV = "LLM_RESILIENCE_API_KEY"
 
 
-class ResilientChatModel(BaseChatModel):
+class ResilientChatModel(ClosesRouter, BaseChatModel):
     """A LangChain chat model over one model group of a :class:`ResilientRouter`.
 
     Build it from an existing router, a LiteLLM config (YAML path or parsed mapping, with an
@@ -221,8 +223,8 @@ class ResilientChatModel(BaseChatModel):
         return lease.router()
 
     def close(self) -> None:
-        """Release the router this model built; it closes when no other model with the same
-        configuration holds it (a ``router=`` router is left alone)."""
+        """Release the router this model built (closed with its last model; ``router=`` is left
+        alone). Also ``with model:``, ``async with model:`` and ``await model.aclose()``."""
         if self._lease is not None:
             self._lease.release()
 
@@ -351,27 +353,28 @@ class ResilientChatModel(BaseChatModel):
     # -- the run's config (for a deadline carried in `configurable` / metadata) -----------------
 
     def invoke(self, input: LanguageModelInput, config: Any = None, **kwargs: Any) -> AIMessage:
-        """``BaseChatModel.invoke``, with ``config`` visible to the request (its deadline). The
-        caller gets one message, so a stream broken after content (when LangChain streams
-        internally) is recovered by asking again without streaming, through the same router."""
+        """``BaseChatModel.invoke``, with ``config`` visible to the request (its deadline). A
+        stream broken after content (LangChain streaming internally) is recovered by asking again
+        without streaming, as the rest of the same call (see ``_recovery``)."""
         with run_config(config):
             try:
                 return super().invoke(input, config, **kwargs)
-            except StreamInterruptedError:
-                if kwargs.get("stream") is False:
+            except StreamInterruptedError as exc:
+                again = reask_kwargs(self.get_router(), self, kwargs, exc)
+                if again is None:
                     raise
-                return super().invoke(input, config, **{**kwargs, "stream": False})
+                return super().invoke(input, config, **again)
 
     async def ainvoke(self, input: LanguageModelInput, config: Any = None, **kwargs: Any) -> AIMessage:
-        """``BaseChatModel.ainvoke``, with ``config`` visible to the request; a broken internal
-        stream is recovered as in :meth:`invoke`."""
+        """``BaseChatModel.ainvoke``; a broken internal stream is recovered as in :meth:`invoke`."""
         with run_config(config):
             try:
                 return await super().ainvoke(input, config, **kwargs)
-            except StreamInterruptedError:
-                if kwargs.get("stream") is False:
+            except StreamInterruptedError as exc:
+                again = reask_kwargs(self.get_router(), self, kwargs, exc)
+                if again is None:
                     raise
-                return await super().ainvoke(input, config, **{**kwargs, "stream": False})
+                return await super().ainvoke(input, config, **again)
 
     def stream(self, input: LanguageModelInput, config: Any = None, **kwargs: Any) -> Iterator[Any]:
         """``BaseChatModel.stream``, with ``config`` visible to the request (its deadline)."""

@@ -34,4 +34,5 @@ def apply_observability(router: Any, section: ObservabilityPolicy | None) -> Cal
         otel=switches["otel"],  # type: ignore[arg-type]
         prometheus=switches["prometheus"],  # type: ignore[arg-type]
         capture_content=section.capture_content,
+        budget_scope_values=section.budget_scope_values,
     )

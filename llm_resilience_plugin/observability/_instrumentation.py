@@ -55,6 +55,7 @@ def instrument(
     meter_provider: Any = None,
     registry: Any = None,
     capture_content: bool = False,
+    budget_scope_values: bool = False,
 ) -> Callable[[], None]:
     """Trace and measure ``router``'s calls; returns a function that detaches the instrumentation.
 
@@ -63,7 +64,9 @@ def instrument(
     ``llm_resilience.*``, and the ``gen_ai.client.*`` / ``llm_resilience.*`` metrics, through
     ``tracer_provider`` / ``meter_provider`` (default: the global ones). Prometheus
     (``prometheus-client``): ``llm_resilience_*`` metrics in ``registry`` (default: the global
-    ``REGISTRY``). Message content reaches spans only with ``capture_content=True``.
+    ``REGISTRY``). Message content reaches spans only with ``capture_content=True``. A scoped
+    cost budget's gauges are one series per budget (spend summed, the tightest value's remaining)
+    unless ``budget_scope_values=True`` (one series per scope value: a tenant becomes a label).
     """
     listeners: list[Callable[[Event], None]] = []
     closers: list[Callable[[], None]] = []
@@ -71,12 +74,15 @@ def instrument(
         from llm_resilience_plugin.observability._otel import OtelMetrics, OtelTracer
 
         tracer = OtelTracer(router, tracer_provider, capture_content=capture_content)
-        listeners += [tracer, OtelMetrics(router, meter_provider)]
-        closers.append(tracer.close)
+        meters = OtelMetrics(router, meter_provider, scope_values=budget_scope_values)
+        listeners += [tracer, meters]
+        closers += [tracer.close, meters.close]
     if wanted("prometheus", prometheus):
         from llm_resilience_plugin.observability._prometheus import PrometheusRecorder
 
-        listeners.append(PrometheusRecorder(router, registry))
+        recorder = PrometheusRecorder(router, registry, scope_values=budget_scope_values)
+        listeners.append(recorder)
+        closers.append(recorder.close)
     unsubscribes = [router.subscribe(listener) for listener in listeners]
 
     def detach() -> None:

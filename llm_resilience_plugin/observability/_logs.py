@@ -369,6 +369,7 @@ class RouterEventLogger:
             "cost": got.cost if got else None,
             "idempotency_key": seen.idempotency_key if seen else None,
             "request_key": a.call_id,
+            "operation": a.operation,
         }
         if seen is not None:
             out["metadata"] = seen.metadata
@@ -407,6 +408,7 @@ class RouterEventLogger:
             "cost": cost,
             "idempotency_key": r.idempotency_key or (seen.idempotency_key if seen else None),
             "request_key": r.call_id,
+            "operation": r.operation,
         }
         if seen is not None:
             out["metadata"] = seen.metadata

@@ -1,9 +1,10 @@
 """OpenTelemetry traces and metrics of router events, named per the GenAI semantic conventions.
 
-One span per logical call (``chat {group}``, kind CLIENT, a child of the span current when the
-call started) and one child span per attempt that sent a request, timed from the attempt's
-record; retries, fallbacks, hedges, skipped routes, stream restarts and breaker transitions are
-span events. Resilience facts live under ``llm_resilience.*``. Needs ``opentelemetry-api`` only.
+One span per logical call (``{operation} {group}``: ``chat``, ``embeddings``, ...; kind CLIENT, a
+child of the span current when the call started) and one child span per attempt that sent a
+request, timed from the attempt's record; retries, fallbacks, hedges, skipped routes, stream
+restarts and breaker transitions are span events. Resilience facts live under
+``llm_resilience.*``. Needs ``opentelemetry-api`` only.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from llm_resilience_plugin.events import (
     StreamRestart,
 )
 from llm_resilience_plugin.observability import _semconv as sc
+from llm_resilience_plugin.observability._gauges import hedge_won
+from llm_resilience_plugin.observability._otel_gauges import observe, unobserve
 
 if TYPE_CHECKING:
     from llm_resilience_plugin.events import DeploymentInfo
@@ -59,6 +62,7 @@ class _OpenCall:
     span: Span
     group: str
     started_at: float
+    operation: str = "completion"
 
 
 @dataclass(slots=True)
@@ -114,7 +118,7 @@ class OtelTracer:
 
     def _start(self, ev: CallStarted) -> None:
         attrs: dict[str, Any] = {
-            sc.OPERATION: sc.CHAT,
+            **sc.operation_attributes(ev.operation),
             sc.REQUEST_MODEL: ev.requested_group,
             f"{sc.NS}.call_id": ev.call_id,
             f"{sc.NS}.stream": ev.stream,
@@ -123,12 +127,12 @@ class OtelTracer:
             attrs[sc.INPUT_MESSAGES] = json.dumps(redact(list(ev.messages)), default=str)
         started = self.router.clock.wall()
         span = self.tracer.start_span(
-            f"{sc.CHAT} {ev.requested_group}",
+            f"{sc.operation_name(ev.operation)} {ev.requested_group}",
             kind=SpanKind.CLIENT,
             attributes=attrs,
             start_time=ns(started),
         )
-        self._remember(ev.call_id, _OpenCall(span, ev.requested_group, started))
+        self._remember(ev.call_id, _OpenCall(span, ev.requested_group, started, ev.operation))
 
     def _remember(self, call_id: str, call: _OpenCall) -> None:
         with self._lock:
@@ -137,24 +141,25 @@ class OtelTracer:
                 _, lost = self._calls.popitem(last=False)
                 lost.span.end()
 
-    def _open(self, call_id: str, group: str, started_at: float) -> _OpenCall:
+    def _open(self, call_id: str, group: str, started_at: float, operation: str) -> _OpenCall:
         """The call's span; started late (from the current context) if its start was missed."""
         with self._lock:
             known = self._calls.get(call_id)
         if known is not None:
             return known
+        attrs = {**sc.operation_attributes(operation), sc.REQUEST_MODEL: group, f"{sc.NS}.call_id": call_id}
         span = self.tracer.start_span(
-            f"{sc.CHAT} {group}",
+            f"{sc.operation_name(operation)} {group}",
             kind=SpanKind.CLIENT,
-            attributes={sc.OPERATION: sc.CHAT, sc.REQUEST_MODEL: group, f"{sc.NS}.call_id": call_id},
+            attributes=attrs,
             start_time=ns(started_at),
         )
-        call = _OpenCall(span, group, started_at)
+        call = _OpenCall(span, group, started_at, operation)
         self._remember(call_id, call)
         return call
 
     def _end(self, r: CallReport) -> None:
-        call = self._open(r.call_id, r.requested_group, r.started_at)
+        call = self._open(r.call_id, r.requested_group, r.started_at, r.operation)
         with self._lock:
             self._calls.pop(r.call_id, None)
         span = call.span
@@ -165,6 +170,7 @@ class OtelTracer:
             a.error_class is ErrorClass.BUDGET for a in attempts
         )
         attrs: dict[str, Any] = {
+            **sc.operation_attributes(r.operation, names.provider),
             f"{sc.NS}.outcome": r.outcome or "unknown",
             f"{sc.NS}.fallback_level": r.fallback_level,
             f"{sc.NS}.upstream_requests": r.upstream_requests,
@@ -183,6 +189,7 @@ class OtelTracer:
             f"{sc.NS}.deployment_id": r.deployment_id,
             f"{sc.NS}.error_class": _err(r.error_class),
             f"{sc.NS}.ttft_s": r.ttft_s,
+            sc.TIME_TO_FIRST_CHUNK: r.ttft_s,
             f"{sc.NS}.priority": r.priority,
         }
         attrs.update({k: v for k, v in optional.items() if v is not None})
@@ -209,7 +216,7 @@ class OtelTracer:
     # -- attempt spans -------------------------------------------------------------------------
 
     def _attempt(self, a: AttemptRecord) -> None:
-        call = self._open(a.call_id, a.model_group, a.started_at)
+        call = self._open(a.call_id, a.model_group, a.started_at, a.operation)
         end = a.started_at + a.latency_s
         transitions = self._claim_transitions(a.deployment_id, a.started_at, end)
         if a.outcome == "skipped":  # nothing was sent: an event, not a span
@@ -231,7 +238,7 @@ class OtelTracer:
         model = names.model or a.model_group
         span_attrs = self._attempt_attributes(a, names, model)
         span = self.tracer.start_span(
-            f"{sc.CHAT} {model}",
+            f"{sc.operation_name(a.operation)} {model}",
             context=trace.set_span_in_context(call.span),
             kind=SpanKind.CLIENT,
             attributes=span_attrs,
@@ -245,7 +252,7 @@ class OtelTracer:
 
     def _attempt_attributes(self, a: AttemptRecord, names: sc.DeploymentNames, model: str) -> dict[str, Any]:
         attrs: dict[str, Any] = {
-            sc.OPERATION: sc.CHAT,
+            **sc.operation_attributes(a.operation, names.provider),
             sc.REQUEST_MODEL: model,
             f"{sc.NS}.call_id": a.call_id,
             f"{sc.NS}.attempt": a.attempt,
@@ -266,6 +273,7 @@ class OtelTracer:
             f"{sc.NS}.breaker_state": a.breaker_state,
             f"{sc.NS}.error_class": _err(a.error_class),
             f"{sc.NS}.ttft_s": a.ttft_s,
+            sc.TIME_TO_FIRST_CHUNK: a.ttft_s,
         }
         attrs.update({k: v for k, v in optional.items() if v is not None})
         if a.usage:
@@ -340,15 +348,23 @@ def _event_attributes(event: Event) -> tuple[str | None, dict[str, Any]]:
 
 class OtelMetrics:
     """Router-event subscriber that records GenAI client metrics and ``llm_resilience.*`` metrics
-    (calls, attempts, retries, fallbacks, upstream requests per call, breaker state and
-    transitions, time to first chunk) with low-cardinality attributes only (no call ids)."""
+    (calls, attempts, retries, fallbacks, hedges sent and won, upstream requests per call, breaker
+    state and transitions, time to first chunk; retry-budget tokens and cost-budget spend and
+    remaining as gauges read when collected) with low-cardinality attributes only (no call ids)."""
 
-    def __init__(self, router: ResilientRouter, meter_provider: metrics.MeterProvider | None = None) -> None:
+    def __init__(
+        self,
+        router: ResilientRouter,
+        meter_provider: metrics.MeterProvider | None = None,
+        *,
+        scope_values: bool = False,
+    ) -> None:
         from llm_resilience_plugin import __version__ as version
 
         self.router = router
         self.deployments: dict[str, DeploymentInfo] = {d.id: d for d in router.deployments()}
         m = metrics.get_meter(SCOPE, version, meter_provider=meter_provider)
+        self.provider = meter_provider if meter_provider is not None else metrics.get_meter_provider()
         self.duration = m.create_histogram(
             "gen_ai.client.operation.duration",
             unit="s",
@@ -383,17 +399,27 @@ class OtelMetrics:
         self.breaker_transitions = m.create_counter(
             f"{sc.NS}.breaker.transitions", unit="{transition}", description="Breaker transitions"
         )
+        self.hedges = m.create_counter(f"{sc.NS}.hedges", unit="{hedge}", description="Hedge requests sent")
+        self.hedges_won = m.create_counter(
+            f"{sc.NS}.hedges.won", unit="{hedge}", description="Hedged calls answered by the hedge"
+        )
+        self._observed = observe(self.provider, m, router, scope_values=scope_values)
         for dep_id, snap in router.breakers().items():
             self.breaker_state.set(
                 sc.breaker_value(snap.get("state")),
                 {f"{sc.NS}.model_group": snap.get("model_group", ""), f"{sc.NS}.deployment_id": dep_id},
             )
 
+    def close(self) -> None:
+        """Stop reporting this router's gauges (its counters simply stop growing)."""
+        unobserve(self.provider, self._observed)
+
     def __call__(self, event: Event) -> None:
         if isinstance(event, AttemptRecord):
             self.attempts.add(
                 1,
                 {
+                    sc.OPERATION: sc.operation_name(event.operation),
                     f"{sc.NS}.model_group": event.model_group,
                     f"{sc.NS}.deployment_id": event.deployment_id or "",
                     f"{sc.NS}.outcome": event.outcome,
@@ -415,6 +441,8 @@ class OtelMetrics:
                     f"{sc.NS}.error_class": str(event.reason),
                 },
             )
+        elif isinstance(event, HedgeSent):
+            self.hedges.add(1, {f"{sc.NS}.model_group": event.model_group})
         elif isinstance(event, BreakerTransition):
             where = {f"{sc.NS}.model_group": event.model_group, f"{sc.NS}.deployment_id": event.deployment_id}
             self.breaker_state.set(sc.breaker_value(event.new_state), where)
@@ -422,7 +450,10 @@ class OtelMetrics:
 
     def _call(self, r: CallReport) -> None:
         names = sc.names_of(self.deployments.get(r.deployment_id or ""))
-        gen: dict[str, Any] = {sc.OPERATION: sc.CHAT, sc.REQUEST_MODEL: r.requested_group}
+        gen: dict[str, Any] = {
+            sc.OPERATION: sc.operation_name(r.operation),
+            sc.REQUEST_MODEL: r.requested_group,
+        }
         if names.provider:
             gen[sc.PROVIDER] = names.provider
         if r.served_model:
@@ -440,8 +471,12 @@ class OtelMetrics:
             1,
             {
                 **group,
+                sc.OPERATION: gen[sc.OPERATION],
                 f"{sc.NS}.outcome": r.outcome or "unknown",
                 f"{sc.NS}.error_class": _err(r.error_class) or "",
             },
         )
         self.upstream.record(r.upstream_requests, group)
+        won = hedge_won(r) if r.hedged else None
+        if won is not None:
+            self.hedges_won.add(1, {f"{sc.NS}.model_group": won})

@@ -2,19 +2,23 @@
 
 Calls by outcome and error class, attempts, retries, fallbacks, upstream requests per call,
 call duration, time to first token, tokens, breaker state per deployment (0 closed, 1 half-open,
-2 open), breaker transitions, spend in dollars and each cost-guard budget's limit. Labels stay
-low-cardinality: group, deployment, outcome, error class (never a call id). The metrics are
-registered once per ``CollectorRegistry`` and shared by every router instrumented into it.
+2 open), breaker transitions, hedges sent and won, spend in dollars and each cost-guard budget's
+limit; read at scrape time: retry-budget tokens and capacity per group, and each cost budget's
+spent and remaining dollars in its current window. Labels stay low-cardinality: group,
+deployment, outcome, error class, budget (never a call id; a tenant only when asked). The metrics
+are registered once per ``CollectorRegistry`` and shared by every router instrumented into it.
 """
 
 from __future__ import annotations
 
 import threading
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from llm_resilience_plugin.events import (
     AttemptRecord,
@@ -22,9 +26,11 @@ from llm_resilience_plugin.events import (
     CallReport,
     Event,
     FallbackTaken,
+    HedgeSent,
     RetryScheduled,
 )
 from llm_resilience_plugin.observability import _semconv as sc
+from llm_resilience_plugin.observability._gauges import budget_rows, hedge_won, retry_budget_rows
 
 if TYPE_CHECKING:
     from llm_resilience_plugin.routing._router import ResilientRouter
@@ -50,6 +56,9 @@ class PrometheusMetrics:
     breaker_transitions: Counter
     spend: Counter
     budget_limit: Gauge
+    hedges: Counter
+    hedges_won: Counter
+    scraped: ScrapedGauges
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> PrometheusMetrics:
@@ -104,7 +113,64 @@ class PrometheusMetrics:
                 ("budget", "period"),
                 registry=registry,
             ),
+            hedges=counter("hedges", "Hedge requests sent", ("group",)),
+            hedges_won=counter("hedges_won", "Hedged calls answered by the hedge", ("group",)),
+            scraped=ScrapedGauges.register(registry),
         )
+
+
+class ScrapedGauges:
+    """A collector of gauges read at scrape time from the routers instrumented into one registry
+    (held weakly): retry-budget tokens and capacity per group, and cost-budget spent and
+    remaining dollars per budget, period and scope."""
+
+    def __init__(self) -> None:
+        self._routers: weakref.WeakSet[ScrapedRouter] = weakref.WeakSet()
+
+    @classmethod
+    def register(cls, registry: CollectorRegistry) -> ScrapedGauges:
+        collector = cls()
+        registry.register(collector)
+        return collector
+
+    def add(self, router: ScrapedRouter) -> None:
+        self._routers.add(router)
+
+    def discard(self, router: ScrapedRouter) -> None:
+        self._routers.discard(router)
+
+    def collect(self) -> Iterator[Metric]:
+        tokens = GaugeMetricFamily(
+            f"{PREFIX}_retry_budget_tokens", "Retry-budget tokens left per model group", labels=["group"]
+        )
+        capacity = GaugeMetricFamily(
+            f"{PREFIX}_retry_budget_capacity", "Retry-budget capacity per model group", labels=["group"]
+        )
+        labels = ["budget", "period", "scope"]
+        spent = GaugeMetricFamily(
+            f"{PREFIX}_budget_spent_usd", "Dollars a cost budget spent in its current window", labels=labels
+        )
+        remaining = GaugeMetricFamily(
+            f"{PREFIX}_budget_remaining_usd",
+            "Dollars left in a cost budget's current window (reservations counted)",
+            labels=labels,
+        )
+        for r in list(self._routers):
+            for row in retry_budget_rows(r.router):
+                tokens.add_metric([row.group], row.tokens)
+                capacity.add_metric([row.group], row.capacity)
+            for b in budget_rows(r.router, scope_values=r.scope_values):
+                spent.add_metric([b.budget, b.period, b.scope], b.spent)
+                remaining.add_metric([b.budget, b.period, b.scope], b.remaining)
+        yield from (tokens, capacity, spent, remaining)
+
+
+class ScrapedRouter:
+    """One router as :class:`ScrapedGauges` reads it."""
+
+    def __init__(self, router: Any, scope_values: bool) -> None:
+        self.router = router
+        self.scope_values = scope_values
 
 
 _BY_REGISTRY: weakref.WeakKeyDictionary[CollectorRegistry, PrometheusMetrics] = weakref.WeakKeyDictionary()
@@ -124,8 +190,16 @@ def metrics_for(registry: CollectorRegistry | None) -> PrometheusMetrics:
 class PrometheusRecorder:
     """Router-event subscriber that updates :class:`PrometheusMetrics`."""
 
-    def __init__(self, router: ResilientRouter, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        router: ResilientRouter,
+        registry: CollectorRegistry | None = None,
+        *,
+        scope_values: bool = False,
+    ) -> None:
         self.m = metrics_for(registry)
+        self._scraped = ScrapedRouter(router, scope_values)
+        self.m.scraped.add(self._scraped)
         for dep_id, snap in router.breakers().items():
             self.m.breaker_state.labels(snap.get("model_group", ""), dep_id).set(
                 sc.breaker_value(snap.get("state"))
@@ -133,6 +207,10 @@ class PrometheusRecorder:
         for guard in getattr(router, "guards", ()):  # a CostGuard's budgets, for spend vs budget
             for budget in getattr(guard, "budgets", ()):
                 self.m.budget_limit.labels(budget.name, budget.period).set(budget.limit)
+
+    def close(self) -> None:
+        """Stop reading this router's gauges at scrape time."""
+        self.m.scraped.discard(self._scraped)
 
     def __call__(self, event: Event) -> None:
         m = self.m
@@ -155,6 +233,11 @@ class PrometheusRecorder:
             if event.usage:
                 m.tokens.labels(group, "input").inc(int(event.usage.get("prompt_tokens") or 0))
                 m.tokens.labels(group, "output").inc(int(event.usage.get("completion_tokens") or 0))
+            won = hedge_won(event) if event.hedged else None
+            if won is not None:
+                m.hedges_won.labels(won).inc()
+        elif isinstance(event, HedgeSent):
+            m.hedges.labels(event.model_group).inc()
         elif isinstance(event, RetryScheduled):
             m.retries.labels(event.model_group, str(event.error_class)).inc()
         elif isinstance(event, FallbackTaken):

@@ -24,7 +24,43 @@ ERROR_TYPE = "error.type"
 SERVER_ADDRESS = "server.address"
 SERVER_PORT = "server.port"
 HTTP_STATUS = "http.response.status_code"
+OUTPUT_TYPE = "gen_ai.output.type"
+TIME_TO_FIRST_CHUNK = "gen_ai.response.time_to_first_chunk"  # s, streams (semconv-genai openai.md)
+OPENAI_API_TYPE = "openai.api.type"
 CHAT = "chat"
+
+# ``gen_ai.operation.name`` per LiteLLM call. The conventions' well-known values (semconv-genai
+# docs/gen-ai/openai.md and the gen_ai registry) are chat, embeddings, text_completion and
+# generate_content ("multimodal content generation"); a well-known value MUST be used when one
+# applies. The Responses API is an OpenAI inference span like Chat Completions, told apart by
+# ``openai.api.type`` (``responses`` / ``chat_completions``): so ``chat``. Image generation has no
+# value of its own: ``generate_content`` with ``gen_ai.output.type = image``.
+OPERATION_NAMES = {
+    "completion": CHAT,
+    "embedding": "embeddings",
+    "text_completion": "text_completion",
+    "responses": CHAT,
+    "image_generation": "generate_content",
+}
+_OPENAI_API_TYPES = {"completion": "chat_completions", "responses": "responses"}
+
+
+def operation_name(operation: str) -> str:
+    """The ``gen_ai.operation.name`` of a LiteLLM call (``"embedding"`` -> ``"embeddings"``)."""
+    return OPERATION_NAMES.get(operation, operation)
+
+
+def operation_attributes(operation: str, provider: str | None = None) -> dict[str, str]:
+    """Span attributes that name the operation: the convention's name, LiteLLM's call under
+    ``llm_resilience.operation``, the output type of images, and ``openai.api.type`` for OpenAI."""
+    attrs = {OPERATION: operation_name(operation), f"{NS}.operation": operation}
+    if operation == "image_generation":
+        attrs[OUTPUT_TYPE] = "image"
+    api_type = _OPENAI_API_TYPES.get(operation)
+    if api_type is not None and provider in ("openai", "azure.ai.openai"):
+        attrs[OPENAI_API_TYPE] = api_type
+    return attrs
+
 
 # Everything the resilience layer adds lives under one namespace.
 NS = "llm_resilience"

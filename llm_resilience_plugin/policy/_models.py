@@ -314,6 +314,14 @@ class ResiliencePolicy(Model):
         "through litellm.Router, 'auto' direct wherever equivalent (see `llm-resilience check`).",
     )
 
+    embedding_batch_concurrency: int = Field(
+        default=4,
+        ge=1,
+        le=64,
+        description="How many batches of one split embedding call are in flight at once (never more "
+        "than the smallest max_parallel_requests among the group's deployments); 1 sends them in turn.",
+    )
+
     @model_validator(mode="after")
     def _fill_classes(self) -> ResiliencePolicy:
         merged = {**_default_class_policies(), **self.classes}

@@ -1,5 +1,7 @@
-"""Direct dispatch: one attempt straight through ``litellm.acompletion`` for the deployment the
-plugin picked, with the arguments the wrapped ``litellm.Router`` would have sent.
+"""Direct dispatch: one attempt straight through ``litellm.acompletion`` (or, for the other
+operations, ``litellm.aembedding``/``atext_completion``/``aimage_generation``/``aresponses``: see
+:mod:`._direct_ops`) for the deployment the plugin picked, with the arguments the wrapped
+``litellm.Router`` would have sent.
 
 The Router stays the authority: its registry gives each deployment's parameters (``os.environ/``
 resolved, ``litellm_params`` merged, ``model_info``), its own request-shaping functions build the
@@ -7,8 +9,9 @@ attempt's kwargs, its own ``simple_shuffle`` picks among the deployments the eng
 routing cache holds the ``max_parallel_requests`` slot both paths share. What is skipped is the
 Router's call machinery around the attempt (retries, fallbacks, cooldowns and bookkeeping that the
 plugin switches off or does itself). A group whose config uses anything not proven equivalent
-(``tests/integration/test_direct_dispatch.py``) is dispatched through the Router; see
-:func:`dispatch_plan` for the list and ``docs/how-a-call-flows.md``.
+(``tests/integration/test_direct_dispatch.py``, ``test_direct_operations.py``,
+``test_direct_usage.py``) is dispatched through the Router; see :mod:`._direct_plan` for the list
+and ``docs/how-a-call-flows.md``.
 
 LiteLLM internals relied on (litellm 1.110; checked at construction, else every group uses the
 Router): ``litellm.router_rust.invoke.shaping`` (``update_kwargs_with_deployment``,
@@ -25,168 +28,33 @@ from __future__ import annotations
 import random
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import litellm
 
 from llm_resilience_plugin._engine.attempt import AttemptContext, deployment_id_of
+from llm_resilience_plugin._engine.dispatch import CHAT
 from llm_resilience_plugin._engine.engine import Engine
 from llm_resilience_plugin._engine.watchdog import AttemptWatchdog
-from llm_resilience_plugin.errors import ConfigError
 from llm_resilience_plugin.events import CallReport
+from llm_resilience_plugin.routing._direct_ops import (
+    GENERIC_ROUTER_ONLY,
+    OPERATION_FUNCTIONS,
+    metadata_field,
+    operation_kwargs,
+    stamp_operation_error,
+)
+from llm_resilience_plugin.routing._direct_plan import (
+    DISPATCH_MODES,
+    GroupDispatch,
+    dispatch_plan,
+    shaping_of,
+)
+from llm_resilience_plugin.routing._direct_shaping import RouterPieces, client_keys
+from llm_resilience_plugin.routing._direct_usage import UsageAccounting
 from llm_resilience_plugin.routing._dispatch import RouterDispatcher
 from llm_resilience_plugin.routing._hooks import FILTER
 from llm_resilience_plugin.routing._streams import ResilientStream, StaticStream, prefetch_stream
-
-# Router settings a direct attempt reproduces (the rest, e.g. routing_groups, plugins, tag
-# filtering, pre-call checks, budgets, aliases, redis usage counters, send through the Router).
-DIRECT_ROUTER_SETTINGS = frozenset(
-    {
-        "timeout",
-        "stream_timeout",
-        "default_max_parallel_requests",
-        "set_verbose",
-        "debug_level",
-        "routing_strategy",  # "simple-shuffle" only: checked below
-        "client_ttl",
-        "cache_responses",  # False only: checked below
-        "max_fallbacks",  # the plugin's own fallbacks: the Router has none
-        "fallbacks",
-        "context_window_fallbacks",
-        "content_policy_fallbacks",
-        "default_fallbacks",
-        "retry_after",
-        "default_litellm_params",  # merged by the Router's own shaping functions
-    }
-)
-
-# Deployment params a direct attempt reproduces: every value the Router passes through to
-# ``litellm.acompletion`` unchanged, and the flags its registry adds. rpm/tpm (usage counted into
-# x-ratelimit-* headers), tags, credentials by name, silent experiments, pod discovery, order,
-# mock responses and provider-specific routing stay with the Router.
-DIRECT_PARAMS = frozenset(
-    {
-        "model",
-        "api_base",
-        "api_key",
-        "api_version",
-        "organization",
-        "custom_llm_provider",
-        "timeout",
-        "stream_timeout",
-        "max_retries",
-        "weight",
-        "max_parallel_requests",
-        "input_cost_per_token",
-        "output_cost_per_token",
-        "extra_headers",
-        "temperature",
-        "max_tokens",
-        "top_p",
-        "seed",
-        "drop_params",
-        # added by the Router's registry to every deployment
-        "allow_client_keepalive_override",
-        "use_in_pass_through",
-        "use_litellm_proxy",
-        "use_xai_oauth",
-        "merge_reasoning_content_in_choices",
-    }
-)
-DIRECT_MODEL_INFO = frozenset(
-    {
-        "id",
-        "db_model",
-        "member_auto_router",
-        "input_cost_per_token",
-        "output_cost_per_token",
-        "max_tokens",
-        "max_input_tokens",
-        "max_output_tokens",
-        "mode",
-        "description",
-    }
-)
-
-DISPATCH_MODES = ("auto", "router", "direct")
-
-
-@dataclass(frozen=True, slots=True)
-class GroupDispatch:
-    """Which dispatcher serves one model group, and why."""
-
-    dispatcher: str  # "direct" or "router"
-    reason: str
-
-
-def _shaping_of(router: litellm.Router) -> tuple[Any, Any] | None:
-    """The Router's request shaping and routing cache, or None if this LiteLLM has neither."""
-    try:
-        from litellm.router_rust.invoke import shaping as _  # noqa: F401
-
-        return router._shaping, router.health().store  # type: ignore[attr-defined]
-    except Exception:
-        return None
-
-
-def _deployment_reason(d: Mapping[str, Any]) -> str | None:
-    """Why one deployment must go through the Router (None: direct reproduces it)."""
-    params = d.get("litellm_params") or {}
-    info = d.get("model_info") or {}
-    extra = sorted(k for k in params if k not in DIRECT_PARAMS)
-    if extra:
-        return f"deployment {deployment_id_of(d)} sets {', '.join(extra)} (only the Router reproduces it)"
-    if "*" in str(d.get("model_name")) or "*" in str(params.get("model")):
-        return f"deployment {deployment_id_of(d)} is a wildcard route"
-    other = sorted(k for k in info if k not in DIRECT_MODEL_INFO and not str(k).startswith("supports_"))
-    if other:
-        return f"deployment {deployment_id_of(d)} sets model_info {', '.join(other)}"
-    return None
-
-
-def dispatch_plan(router: litellm.Router, settings: Mapping[str, Any], mode: str) -> dict[str, GroupDispatch]:
-    """Per model group, the dispatcher the policy's ``dispatch`` mode gives it and why.
-
-    ``auto``: direct where equivalence with the Router is proven for the group's config; ``router``:
-    always the Router; ``direct``: like auto, but a group that cannot be direct is a ConfigError.
-    """
-    groups: dict[str, list[Mapping[str, Any]]] = {}
-    for d in router.registry().all():
-        groups.setdefault(str(d["model_name"]), []).append(d)
-    if mode == "router":
-        return {g: GroupDispatch("router", "policy dispatch: router") for g in groups}
-    global_reason: str | None = None
-    extra = sorted(k for k in settings if k not in DIRECT_ROUTER_SETTINGS)
-    if extra:
-        global_reason = f"router_settings {', '.join(extra)} (only the Router reproduces it)"
-    elif settings.get("routing_strategy", "simple-shuffle") != "simple-shuffle":
-        global_reason = f"routing_strategy {settings['routing_strategy']!r} keeps state in the Router"
-    elif settings.get("cache_responses"):
-        global_reason = "router_settings cache_responses (the Router's response cache)"
-    elif _shaping_of(router) is None:
-        global_reason = (
-            f"litellm {getattr(litellm, '__version__', '?')} does not expose the Router's request shaping"
-        )
-    out: dict[str, GroupDispatch] = {}
-    for g, deps in groups.items():
-        reason = global_reason
-        if reason is None:
-            reason = next(
-                (r for r in (_deployment_reason(d) for d in deps) if r),
-                None,
-            )
-        if reason is None:
-            out[g] = GroupDispatch("direct", "equivalent to the Router for this config (simple-shuffle)")
-        else:
-            out[g] = GroupDispatch("router", reason)
-    if mode == "direct":
-        refused = {g: p.reason for g, p in out.items() if p.dispatcher != "direct"}
-        if refused:
-            g, why = next(iter(refused.items()))
-            raise ConfigError("resilience.dispatch", f"'direct' is not equivalent for group {g!r}: {why}")
-    return out
-
 
 _ROUTING_HOOKS = ("async_filter_deployments", "async_pre_routing_hook")
 _HOOK_TYPES: dict[type, bool] = {}
@@ -216,9 +84,10 @@ def routing_hooks_present() -> bool:
 
 
 class DirectDispatcher:
-    """Sends a direct group's chat attempt through ``litellm.acompletion``; everything else (other
-    groups, streams on a deployment with a parallel-request limit, request-scoped credentials,
-    routing callbacks) through the wrapped :class:`RouterDispatcher`."""
+    """Sends a direct group's attempt through LiteLLM's module function for its operation;
+    everything else (other groups, streams on a deployment with a parallel-request limit or counted
+    usage, request-scoped credentials, routing callbacks) through the wrapped
+    :class:`RouterDispatcher`."""
 
     def __init__(
         self,
@@ -237,10 +106,14 @@ class DirectDispatcher:
         self.sent_direct = 0  # attempts sent straight through litellm.acompletion (for tests, stats)
         from litellm.router_rust.core import RustCore
 
-        # The Router core's ``acompletion`` as its class holds it (a class-level patch replaces it).
+        # The Router core's endpoint functions as its class holds them (a class-level patch
+        # replaces one: the attempt then goes through the Router, which calls the patch).
         self._core_members = RustCore.__dict__
-        self._core_acompletion = RustCore.__dict__.get("acompletion")
-        shaping = _shaping_of(router)
+        self._core_functions = {
+            name: RustCore.__dict__.get(name)
+            for name in ("acompletion", *("a" + op for op in OPERATION_FUNCTIONS))
+        }
+        shaping = shaping_of(router)
         assert shaping is not None, "dispatch_plan() makes no group direct without the Router's shaping"
         self._shaping, self._store = shaping
         self._routing_keys = frozenset(ROUTING_KEYS)
@@ -258,6 +131,13 @@ class DirectDispatcher:
             }
             self._deployments.setdefault(group, []).append(dep)
         self._group_size = {g: len(v) for g, v in self._deployments.items()}
+        self._pieces = RouterPieces()  # LiteLLM's shaping/header functions, found once
+        # per deployment id: its SDK client cache keys, indexed by "is a stream"
+        self._client_keys = {
+            deployment_id_of(d): client_keys(deployment_id_of(d))
+            for deps in self._deployments.values()
+            for d in deps
+        }
         # Groups where simple_shuffle has a weight to read; in the others (and with no per-request
         # ``_router_weights``) it is ``random.choice``, which is called as is.
         self._weighted = {
@@ -273,6 +153,24 @@ class DirectDispatcher:
             g
             for g, deps in self._deployments.items()
             if any(deployment_id_of(d) in self._limited for d in deps)
+        }
+        # Deployments whose usage the Router counts (rpm/tpm): a direct attempt reports into it.
+        self._usage = UsageAccounting(router)
+        self._tracked = {
+            deployment_id_of(d)
+            for g, deps in self._deployments.items()
+            for d in deps
+            if self._usage.tracks(deployment_id_of(d), g)
+        }
+        self._tracked_groups = {
+            g
+            for g, deps in self._deployments.items()
+            if any(deployment_id_of(d) in self._tracked for d in deps)
+        }
+        self._batch_limited_groups = {
+            g
+            for g, deps in self._deployments.items()
+            if any(d["model_info"].get("max_embedding_batch_size") for d in deps)
         }
 
     # -- the Router's own pieces -----------------------------------------------------------------
@@ -315,25 +213,19 @@ class DirectDispatcher:
         ``_update_kwargs_before_fallbacks`` (trace id, requested group), the walk's metadata
         (no retries, no fallbacks: the plugin's own), then ``_update_kwargs_with_deployment`` and
         the ``litellm_params`` merge, by the Router's own functions."""
-        from litellm.litellm_core_utils.routing_common_utils import without_router_only_kwargs
-        from litellm.router_rust.invoke.shaping import (
-            deployment_params_with_request_reasoning_override,
-            update_kwargs_with_deployment,
-        )
-        from litellm.router_strategy.complexity_router.context_compaction import initialize_compaction_state
-
+        p = self._pieces
         keys = self._routing_keys
         request: dict[str, Any] = {k: v for k, v in kwargs.items() if k not in keys}
         md = dict(request.get("metadata") or {})
         md["model_group"] = group
         md["model_group_alias"] = None
         request["metadata"] = md
-        request["stream"] = bool(request.get("stream", False))
+        request["stream"] = stream = bool(request.get("stream", False))
         request.setdefault("litellm_trace_id", str(uuid.uuid4()))
-        request["_context_compaction_state"] = initialize_compaction_state(request, "chat")
+        request["_context_compaction_state"] = p.initialize_compaction_state(request, "chat")
         request["messages"] = messages
-        params = deployment_params_with_request_reasoning_override(dict(dep["litellm_params"]), request)
-        update_kwargs_with_deployment(
+        params = p.deployment_params(dep, request)
+        p.update_kwargs_with_deployment(
             self._shaping, dep, request, cache=self._store, splits_stream_timeout=True
         )
         md.update(
@@ -345,39 +237,42 @@ class DirectDispatcher:
                 "model_group_size": self._group_size[group],
             }
         )
-        client = self._store.get_cache(
-            key=f"{deployment_id_of(dep)}_{'stream_' if request['stream'] else ''}async_client",
-            local_only=True,
-        )
-        return without_router_only_kwargs(  # type: ignore[no-any-return]
+        client = self._store.get_cache(key=self._client_keys[deployment_id_of(dep)][stream], local_only=True)
+        return p.without_router_only_kwargs(  # type: ignore[no-any-return]
             {**params, "caching": False, "client": client, **request}
         )
 
-    @staticmethod
-    def stamp_response(resp: Any, group: str, sent: Mapping[str, Any]) -> Any:
-        """The headers the Router's ``finish_async`` stamps on a served answer (model id, the group
-        it was served as, zero retries and fallbacks: the plugin's own are in its report)."""
-        from litellm.litellm_core_utils.add_retry_fallback_headers import (
-            add_fallback_headers_to_response,
-            add_retry_headers_to_response,
-            apply_quality_router_decision_headers,
-            apply_response_model_id,
-            complexity_router_decision_headers,
-            ensure_response_additional_headers,
-            prepare_response_for_header_attachment,
+    def operation_request_kwargs(
+        self, op: str, group: str, dep: Mapping[str, Any], payload: Any, kwargs: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """The kwargs the Router's attempt for a non-chat ``op`` passes to LiteLLM's function for
+        ``dep`` (see :mod:`._direct_ops`), with the deployment's cached SDK client."""
+        if op == "responses":  # ``generic()``: the wrapper's own provider and client are dropped
+            kwargs = {k: v for k, v in kwargs.items() if k not in ("custom_llm_provider", "client")}
+        elif op == "text_completion":
+            kwargs = {k: v for k, v in kwargs.items() if k not in ("is_retry", "is_fallback", "is_async")}
+        client = self._store.get_cache(
+            key=self._client_keys[deployment_id_of(dep)][kwargs.get("stream") is True], local_only=True
         )
-        from litellm.router_utils.router_callbacks.track_deployment_metrics import find_deployment_metadata
+        return operation_kwargs(
+            self._shaping,
+            self._store,
+            self._routing_keys,
+            op,
+            group,
+            dep,
+            payload,
+            kwargs,
+            self._group_size[group],
+            client,
+        )
 
-        response = prepare_response_for_header_attachment(resp)
-        if response is None:
-            return resp
-        additional = ensure_response_additional_headers(response)
-        apply_response_model_id(response, find_deployment_metadata(sent))
-        additional["x-litellm-model-group"] = group
-        apply_quality_router_decision_headers(additional, sent)
-        additional.update(complexity_router_decision_headers(sent))
-        response = add_retry_headers_to_response(response=response, attempted_retries=0, max_retries=None)
-        return add_fallback_headers_to_response(response=response, attempted_fallbacks=0)
+    def stamp_response(
+        self, resp: Any, group: str, sent: Mapping[str, Any], remaining: Mapping[str, Any] | None = None
+    ) -> Any:
+        """The headers the Router's ``finish_async`` stamps on a served answer (see
+        :meth:`RouterPieces.stamp_response`)."""
+        return self._pieces.stamp_response(resp, group, sent, remaining)
 
     # -- the Dispatcher protocol -----------------------------------------------------------------
 
@@ -385,17 +280,32 @@ class DirectDispatcher:
         """Does this attempt go direct (its group is, and nothing at run time needs the Router)?"""
         if attempt.group not in self._deployments:
             return False
-        op = getattr(attempt.call, "operation", None) or getattr(attempt.call, "op", None)
-        if op not in _CHAT_OPS:
-            return False  # embeddings, text completion, responses, images: the Router (for now)
-        if attempt.call.stream and attempt.group in self._limited_groups:
-            return False  # the Router's slot rides along an open stream (FallbackAwareStreamWrapper)
+        op = attempt.call.operation
+        if op != CHAT and not self._operation_direct(op, attempt, kwargs):
+            return False
+        if attempt.call.stream and (
+            attempt.group in self._limited_groups or attempt.group in self._tracked_groups
+        ):
+            return False  # the Router's slot rides along an open stream and counts its usage at the end
         if kwargs and not self._clientside.isdisjoint(kwargs):
             return False  # request-scoped credentials make a request-scoped deployment in the Router
-        wrapped = self._core_members.get("acompletion") is not self._core_acompletion
-        if wrapped or "acompletion" in vars(self.router):
-            return False  # someone wraps the Router's acompletion (a spy, a mock, instrumentation)
+        name = "acompletion" if op == CHAT else "a" + op
+        wrapped = self._core_members.get(name) is not self._core_functions.get(name)
+        if wrapped or name in vars(self.router):
+            return False  # someone wraps the Router's function (a spy, a mock, instrumentation)
         return not routing_hooks_present()
+
+    def _operation_direct(self, op: str, attempt: AttemptContext, kwargs: Mapping[str, Any]) -> bool:
+        """Does a non-chat attempt go direct: an operation the equivalence suite covers, no
+        request keys only the Router's generic path handles, no embedding batch a deployment of
+        the group refuses."""
+        if op not in OPERATION_FUNCTIONS:
+            return False
+        if op == "responses":
+            return GENERIC_ROUTER_ONLY.isdisjoint(kwargs)
+        if op == "embedding" and attempt.group in self._batch_limited_groups:
+            return False  # the Router's own batch-size refusal (the plugin splits before it anyway)
+        return True
 
     async def send(
         self,
@@ -409,12 +319,7 @@ class DirectDispatcher:
         """One request straight to the deployment the engine admits and ``simple_shuffle`` picks."""
         if not self.direct_for(attempt, kwargs):
             return await self.via_router.send(attempt, messages, kwargs, timeout_s=timeout_s, bound=bound)
-        from litellm.router_rust.invoke.shaping import (
-            stamp_deployment_num_retries,
-            stamp_failed_deployment_id,
-        )
-        from litellm.router_strategy.simple_shuffle import simple_shuffle
-
+        p = self._pieces
         engine = self.engine
         call = attempt.call
         group = attempt.group
@@ -422,39 +327,49 @@ class DirectDispatcher:
         if len(pool) == 1:
             dep = pool[0]
         elif group in self._weighted or "_router_weights" in kwargs:
-            dep = simple_shuffle(_no_alias, pool, group, kwargs)
+            dep = p.simple_shuffle(_no_alias, pool, group, kwargs)
         else:
             dep = random.choice(pool)  # simple_shuffle's own last line when nothing is weighted
         dep_id = deployment_id_of(dep)
         attempt.pick(dep_id)
         self.sent_direct += 1
-        token = attempt.token
-        sent = self.request_kwargs(
-            group,
-            dep,
-            messages,
-            self.via_router.attempt_kwargs(
-                call.stream, token, timeout_s, engine.policies[group].connect_timeout, kwargs
-            ),
+        op = call.operation
+        attempt_kwargs = self.via_router.attempt_kwargs(
+            call.stream, attempt.token, timeout_s, engine.policies[group].connect_timeout, kwargs, op
         )
+        if op == CHAT:
+            sent = self.request_kwargs(group, dep, messages, attempt_kwargs)
+            send: Any = litellm.acompletion
+        else:
+            sent = self.operation_request_kwargs(op, group, dep, messages, attempt_kwargs)
+            send = getattr(litellm, OPERATION_FUNCTIONS[op])  # looked up per call, as the Router's host does
         # get-or-create on every call, as the Router does: its cache entry may have expired
         limit = self._slot_limit(dep, create=True) if dep_id in self._limited else None
+        tracked = dep_id in self._tracked
         try:
             with AttemptWatchdog(bound):
                 if limit is not None:
                     with limit:
                         attempt.sent = True
-                        resp: Any = await litellm.acompletion(**sent)
+                        resp: Any = await send(**sent)
                 else:
                     attempt.sent = True
-                    resp = await litellm.acompletion(**sent)
+                    resp = await send(**sent)
                 if call.stream:
                     return await prefetch_stream(resp)
         except Exception as e:
-            stamp_deployment_num_retries(e, dep)
-            stamp_failed_deployment_id(e, sent.get("model_info"))
+            if op == CHAT:
+                p.stamp_deployment_num_retries(e, dep)
+                p.stamp_failed_deployment_id(e, sent.get("model_info"))
+            else:
+                stamp_operation_error(op, e, dep, sent)
+            if tracked:
+                await self._usage.failure(e, sent, metadata_field(op), group)
             raise
-        return self.stamp_response(resp, group, sent)
+        if not tracked:
+            return self.stamp_response(resp, group, sent)
+        await self._usage.success(resp, sent, metadata_field(op), group)
+        return self.stamp_response(resp, group, sent, await self._usage.remaining(group))
 
     def wrap_stream(
         self,
@@ -490,10 +405,6 @@ class DirectDispatcher:
         if name.startswith("__") or name == "via_router":
             raise AttributeError(name)
         return getattr(self.via_router, name)
-
-
-# The operations a direct attempt reproduces (a call with no operation named is a chat completion).
-_CHAT_OPS = frozenset({None, "chat", "completion", "acompletion"})
 
 
 def _no_alias(model: str) -> str | None:

@@ -5,8 +5,9 @@ Each call is checked before anything is sent (its payload, the model groups' ``m
 an embedding's vector dimensions across the groups it may fall back to), then walks the routes
 exactly as a chat call does: the operation (``CallState.operation``) only tells the dispatcher
 which of the Router's functions makes the attempt. An embedding batch longer than a deployment's
-``model_info.max_embedding_batch_size`` is split into calls of at most that size, each retried
-whole, and joined in order; any batch that finally fails fails the whole call.
+``model_info.max_embedding_batch_size`` is split into calls of at most that size, sent a few at
+a time (``_batches``), each retried whole, and joined in order; any batch that finally fails fails
+the whole call.
 """
 
 from __future__ import annotations
@@ -20,11 +21,13 @@ from llm_resilience_plugin._engine.core import BeforeRetry, CallState, positive_
 from llm_resilience_plugin._engine.dispatch import PAYLOAD_KEYS, STREAMING_OPERATIONS
 from llm_resilience_plugin.errors import ConfigError, ErrorClass
 from llm_resilience_plugin.events import REPORT_KEY, CallReport, Listener, attach_report, hidden_params_of
+from llm_resilience_plugin.routing._batches import batch_concurrency, run_batches
 from llm_resilience_plugin.routing._streams import SyncResilientStream
 
 if TYPE_CHECKING:
     from llm_resilience_plugin._engine.drivers import SyncRunner
     from llm_resilience_plugin._engine.engine import Engine
+    from llm_resilience_plugin.policy import ResiliencePolicy, RouterSpec
 
 __all__ = ["MODES", "EndpointsMixin", "embedding_batch_limit", "embedding_dimension"]
 
@@ -74,6 +77,8 @@ def _check_text(where: str, value: Any) -> None:
         raise ConfigError(where, f"expected text, got {type(value).__name__}")
     if not value:
         raise ConfigError(where, "is an empty string; providers refuse empty inputs")
+    if value.isascii():  # no surrogate possible: skip the encoding copy (most inputs)
+        return
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as e:
@@ -133,6 +138,8 @@ class EndpointsMixin:
     if TYPE_CHECKING:
         engine: Engine
         _sync: SyncRunner
+        spec: RouterSpec
+        policy: ResiliencePolicy
 
         def _check_group(self, group: str) -> None: ...
 
@@ -165,12 +172,14 @@ class EndpointsMixin:
         listener: Listener | None = None,
         before_retry: BeforeRetry | None = None,
         vectors_compatible: bool = False,
+        batch_concurrency: int | None = None,
         **kwargs: Any,
     ) -> litellm.EmbeddingResponse:
         """Like ``litellm.Router.aembedding``; returns LiteLLM's ``EmbeddingResponse``.
 
         A batch longer than the smallest ``model_info.max_embedding_batch_size`` among the groups
-        the call may use is split and joined in order. Fallback to a group whose vectors have
+        the call may use is split, its parts sent ``batch_concurrency`` at a time (default: the
+        policy's ``embedding_batch_concurrency``) and joined in order. Fallback to a group whose vectors have
         another dimension is refused unless ``vectors_compatible=True`` (mixing vector spaces
         corrupts an index). Plugin options as for ``acompletion``.
         """
@@ -179,6 +188,10 @@ class EndpointsMixin:
         self._check_modes("embedding", model)
         if not isinstance(vectors_compatible, bool):
             raise ConfigError("vectors_compatible", "must be True or False")
+        if batch_concurrency is not None and _whole(batch_concurrency) is None:
+            raise ConfigError(
+                "batch_concurrency", f"expected a whole number of batches >= 1, got {batch_concurrency!r}"
+            )
         if not vectors_compatible:
             self._check_dimensions(model, kwargs.get("dimensions"))
         limit = self._batch_limit(model)
@@ -186,7 +199,9 @@ class EndpointsMixin:
             return await self._operation(
                 "embedding", model, input, False, deadline, listener, before_retry, kwargs
             )  # type: ignore[no-any-return]
-        return await self._split_embedding(model, input, limit, deadline, listener, before_retry, kwargs)
+        return await self._split_embedding(
+            model, input, limit, deadline, listener, before_retry, kwargs, batch_concurrency
+        )
 
     def embedding(self, model: str, input: str | list[Any], **kwargs: Any) -> litellm.EmbeddingResponse:
         """Blocking twin of :meth:`aembedding` (runs on the router's private loop thread)."""
@@ -201,28 +216,27 @@ class EndpointsMixin:
         listener: Listener | None,
         before_retry: BeforeRetry | None,
         kwargs: Mapping[str, Any],
+        concurrency: int | None = None,
     ) -> litellm.EmbeddingResponse:
-        """One call per batch of at most ``limit`` inputs, in order, under one deadline; the
-        joined response carries a report of all of them (any batch failing fails the whole)."""
-        clock = self.engine.clock
-        started = clock.monotonic()
-        parts: list[Any] = []
-        for start in range(0, len(inputs), limit):
-            left = None if deadline is None else deadline - (clock.monotonic() - started)
-            if left is not None and left <= 0:
-                left = 1e-3  # the engine refuses the attempt and raises DeadlineExceededError
-            parts.append(
-                await self._operation(
-                    "embedding",
-                    model,
-                    inputs[start : start + limit],
-                    False,
-                    left,
-                    listener,
-                    before_retry,
-                    kwargs,
-                )
+        """One call per batch of at most ``limit`` inputs, at most ``concurrency`` (else the
+        policy's ``embedding_batch_concurrency``) in flight, under one deadline; the joined
+        response carries a report of all of them (any batch failing fails the whole)."""
+        starts = range(0, len(inputs), limit)
+
+        def start(i: int, left: float | None) -> Any:
+            return self._operation(
+                "embedding",
+                model,
+                inputs[starts[i] : starts[i] + limit],
+                False,
+                left,
+                listener,
+                before_retry,
+                kwargs,
             )
+
+        bound = self._batch_concurrency(model, concurrency)
+        parts = await run_batches(len(starts), bound, start, self.engine.clock, deadline)
         return _join_embeddings(parts)
 
     # -- the other operations ---------------------------------------------------------------------
@@ -345,16 +359,32 @@ class EndpointsMixin:
             return await self._stream(ctx, model, payload, clean)
         return await self._complete(ctx, model, payload, clean)
 
-    def _groups_of(self, group: str) -> list[str]:
+    def _memo(self) -> dict[tuple[Any, ...], Any]:
+        """Per-router answers of the checks below: they read only the configuration (deployments,
+        fallbacks, policy), which never changes after construction, so each is worked out once."""
+        memo: dict[tuple[Any, ...], Any] | None = self.__dict__.get("_endpoint_memo")
+        if memo is None:
+            memo = self.__dict__["_endpoint_memo"] = {}
+        return memo
+
+    def _groups_of(self, group: str) -> tuple[str, ...]:
         """``group`` and every group its calls may fall back to (any error class)."""
+        memo = self._memo()
+        known = memo.get(("groups", group))
+        if known is not None:
+            return known  # type: ignore[no-any-return]
         engine = self.engine
         out = [group]
         for cls in (None, ErrorClass.CONTEXT_WINDOW, ErrorClass.CONTENT_POLICY):
             out.extend(g for g in engine.fallback_chain(group, cls) if g not in out)
-        return out
+        memo["groups", group] = found = tuple(out)
+        return found
 
     def _check_modes(self, operation: str, group: str) -> None:
         """Every deployment the call may reach must serve ``operation`` (its ``model_info.mode``)."""
+        memo = self._memo()
+        if ("modes", operation, group) in memo:
+            return
         allowed = MODES[operation]
         engine = self.engine
         for g in self._groups_of(group):
@@ -368,9 +398,14 @@ class EndpointsMixin:
                         f"serve {operation} (needs one of {sorted(allowed)}); route {operation} "
                         "calls to a group of such deployments",
                     )
+        memo["modes", operation, group] = True
 
     def _check_dimensions(self, group: str, dimensions: Any) -> None:
         """Refuse a call whose routes would return vectors of different lengths."""
+        memo = self._memo()
+        key = ("dimensions", group, dimensions if isinstance(dimensions, int) else None)
+        if key in memo:
+            return
         engine = self.engine
         first: tuple[str, int] | None = None
         for g in self._groups_of(group):
@@ -388,15 +423,38 @@ class EndpointsMixin:
                         f"index. Remove the fallback, or pass vectors_compatible=True if {group!r}'s "
                         "routes really share one vector space",
                     )
+        memo[key] = True
+
+    def _batch_concurrency(self, group: str, wanted: int | None) -> int:
+        """How many batches of a split call may be in flight (see :func:`batch_concurrency`)."""
+        memo = self._memo()
+        key = ("concurrency", group, wanted)
+        if key in memo:
+            return memo[key]  # type: ignore[no-any-return]
+        memo[key] = bound = batch_concurrency(
+            wanted or self.policy.embedding_batch_concurrency,
+            (
+                self.engine.deployments[dep].params
+                for g in self._groups_of(group)
+                for dep in self.engine.group_deployments.get(g, [])
+            ),
+            self.spec.router_settings.get("default_max_parallel_requests"),
+        )
+        return bound
 
     def _batch_limit(self, group: str) -> int | None:
+        """The smallest ``max_embedding_batch_size`` among the deployments the call may reach."""
+        memo = self._memo()
+        if ("limit", group) in memo:
+            return memo["limit", group]  # type: ignore[no-any-return]
         limits = [
             limit
             for g in self._groups_of(group)
             for dep in self.engine.group_deployments.get(g, [])
             if (limit := embedding_batch_limit(self.engine.deployments[dep].params)) is not None
         ]
-        return min(limits) if limits else None
+        memo["limit", group] = found = min(limits) if limits else None
+        return found
 
 
 def _is_tokens(inputs: Sequence[Any]) -> bool:
@@ -441,21 +499,24 @@ def _join_embeddings(parts: list[Any]) -> litellm.EmbeddingResponse:
 def _joined_report(reports: list[CallReport], cost: float | None, prompt: int, total: int) -> CallReport:
     """One report over the batch calls: every attempt, usage and cost summed, the last route."""
     last = reports[-1]
+    first_start = min(r.started_at for r in reports)
     joined = CallReport(
         call_id=f"{reports[0].call_id}..{last.call_id}",
         requested_group=last.requested_group,
         stream=False,
-        started_at=reports[0].started_at,
+        started_at=first_start,
         served_group=last.served_group,
         deployment_id=last.deployment_id,
         served_model=last.served_model,
         fallback_level=max(r.fallback_level for r in reports),
         outcome=last.outcome,
-        total_latency_s=sum(r.total_latency_s for r in reports),
+        # batches may overlap: the call took from the first start to the last end
+        total_latency_s=max(r.started_at + r.total_latency_s for r in reports) - first_start,
         usage={"prompt_tokens": prompt, "completion_tokens": 0, "total_tokens": total},
         response_cost=cost,
         priority=last.priority,
         hedged=any(r.hedged for r in reports),
+        operation=last.operation,
     )
     for r in reports:
         joined.attempts.extend(r.attempts)

@@ -62,6 +62,7 @@ from llm_resilience_plugin.policy import (
     load_config,
     spec_from_mapping,
 )
+from llm_resilience_plugin.routing._clients import ClosingSyncRunner
 from llm_resilience_plugin.routing._direct import dispatcher_for
 from llm_resilience_plugin.routing._dispatch import RouterDispatcher
 from llm_resilience_plugin.routing._operations import EndpointsMixin
@@ -285,7 +286,7 @@ class ResilientRouter(EndpointsMixin):
         self._idem_store = None
         self._idem_ttl = 600.0
         self._single_flight = SingleFlight()
-        self._sync = SyncRunner()
+        self._sync = ClosingSyncRunner()  # closes LiteLLM's clients of its loop too
         release: Callable[..., None] = _release
         release_args: tuple[Any, ...] = (self._sync,)
         if self.shared_state is not None:  # closing also stops syncing this router's keys
@@ -430,18 +431,13 @@ class ResilientRouter(EndpointsMixin):
             opts, clean = split_options(kwargs)
         else:  # the common case: LiteLLM's own arguments only
             opts, clean = NO_OPTIONS, dict(kwargs)
-        priority = opts.priority if opts.priority is not None else self.policy.default_tier
-        tier = None
-        if priority is not None:
-            tier = self.policy.tiers.get(priority)
-            if tier is None:
-                raise ConfigError(
-                    "priority", f"unknown tier {priority!r}; configured tiers: {sorted(self.policy.tiers)}"
-                )
-            if tier.shed_below > 0:
-                self._shed_check(model, priority, tier, clean)
+        priority, tier = _tier_of(self.policy, opts.priority)
+        if priority is not None and tier is not None and tier.shed_below > 0:
+            self._shed_check(model, priority, tier, clean)
         call_id = f"{_CALL_PREFIX}{next(_CALL_IDS):x}"
-        report = CallReport(call_id, model, stream, self.engine.clock.wall(), priority=priority)
+        report = CallReport(
+            call_id, model, stream, self.engine.clock.wall(), priority=priority, operation=operation
+        )
         keyed = model if operation == "completion" else f"{operation}:{model}"
         if opts.key is not None:
             report.idempotency_key = opts.key
@@ -466,6 +462,9 @@ class ResilientRouter(EndpointsMixin):
             tier=tier,
             operation=operation,
         )
+        if opts.avoid:  # deployments the caller knows just failed this request (never sent to)
+            ctx.failed = ctx.failed | frozenset(opts.avoid)
+            ctx.never_again = ctx.never_again | frozenset(opts.avoid)
         if self.events.active:  # for observers (logs, metrics); a call's own listener sees attempts on
             self.events.emit(_started(ctx, messages, clean))
         return ctx, clean
@@ -562,6 +561,17 @@ def get_report(obj: Any) -> CallReport | None:
         return hidden[REPORT_KEY]  # type: ignore[no-any-return]
     rep = getattr(obj, REPORT_KEY, None) or getattr(obj, "report", None)
     return rep if isinstance(rep, CallReport) else None
+
+
+def _tier_of(policy: ResiliencePolicy, asked: str | None) -> tuple[str | None, TierPolicy | None]:
+    """The call's priority (the policy's default tier when it names none) and that tier."""
+    priority = asked if asked is not None else policy.default_tier
+    if priority is None:
+        return None, None
+    tier = policy.tiers.get(priority)
+    if tier is None:
+        raise ConfigError("priority", f"unknown tier {priority!r}; configured tiers: {sorted(policy.tiers)}")
+    return priority, tier
 
 
 def _started(ctx: CallState, messages: Any, clean: Mapping[str, Any]) -> CallStarted:

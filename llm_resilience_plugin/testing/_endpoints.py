@@ -35,14 +35,14 @@ from typing import Any
 
 from aiohttp import web
 
+from llm_resilience_plugin.testing._intake import Admissions, Intake, Rejection
 from llm_resilience_plugin.testing._messages import JSONDict, content_text, default_text, estimate_tokens
-from llm_resilience_plugin.testing._state import MutableRecord, SimulatorState
-from llm_resilience_plugin.testing._writers import Call, abort, send_behavior_error, send_error
+from llm_resilience_plugin.testing._state import SimulatorState
+from llm_resilience_plugin.testing._writers import Call, send_events, send_json, sse_event
 
 __all__ = ["DEFAULT_DIMENSION", "OtherEndpoints", "embedding_vector"]
 
 DEFAULT_DIMENSION = 16
-_REDACTED_HEADERS = frozenset({"authorization", "api-key", "x-api-key", "proxy-authorization"})
 _DONE = b"data: [DONE]\n\n"
 _MALFORMED = b'data: {"id": "broken", "choices": [{"text": "oops"\n\n'
 # A 1x1 transparent PNG: what every simulated image is.
@@ -68,11 +68,6 @@ def embedding_vector(deployment: str, text: str, dimension: int) -> list[float]:
     raw = raw[:dimension]
     norm = math.sqrt(sum(x * x for x in raw)) or 1.0
     return [x / norm for x in raw]
-
-
-def _sse(payload: JSONDict, event: str | None = None) -> bytes:
-    data = b"data: " + json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
-    return (f"event: {event}\n".encode() + data) if event else data
 
 
 def _texts(value: Any) -> list[str]:
@@ -112,7 +107,7 @@ class OtherEndpoints:
 
     def __init__(self, state: SimulatorState, active: set[asyncio.Task[Any]]) -> None:
         self._state = state
-        self._numbers = itertools.count(1)
+        self._admissions = Admissions(state, active)
         self.active = active
         self._dimensions: dict[str, int] = {}
 
@@ -152,143 +147,23 @@ class OtherEndpoints:
     ) -> web.StreamResponse:
         """Read, log and admit one request (``required`` names the body field it needs), then
         apply its behaviour; ``answer`` writes a success."""
-        started = time.monotonic()
-        task = asyncio.current_task()
-        if task is not None:
-            self.active.add(task)
-        record: MutableRecord | None = None
-        try:
-            raw = await request.read()
-            headers = {
-                k.lower(): ("***" if k.lower() in _REDACTED_HEADERS else v)
-                for k, v in request.headers.items()
+
+        def check(intake: Intake) -> Rejection | None:
+            if isinstance(intake.parsed, dict) and intake.body.get(required) not in (None, "", []):
+                return None
+            error = {
+                "message": f"Request body must be a JSON object with a non-empty '{required}'.",
+                "type": "invalid_request_error",
+                "param": required,
+                "code": None,
             }
-            try:
-                parsed = json.loads(raw) if raw else None
-            except ValueError:
-                parsed = None
-            body: JSONDict = parsed if isinstance(parsed, dict) else {}
-            model = body.get("model")
-            model = model if isinstance(model, str) else ""
-            deployment = request.match_info.get("deployment") or model or "default"
-            stream = body.get("stream") is True
-            if not isinstance(parsed, dict) or body.get(required) in (None, "", []):
-                record = MutableRecord(deployment, model, stream, started, "bad_request", body, headers)
-                self._state.log(record)
-                error = {
-                    "message": f"Request body must be a JSON object with a non-empty '{required}'.",
-                    "type": "invalid_request_error",
-                    "param": required,
-                    "code": None,
-                }
-                return await send_error(request, record, deployment, 400, error, None)
-            prompt_tokens = tokens_of(body)
-            behavior, record = self._state.admit(
-                deployment, model, stream, started, body, headers, prompt_tokens
-            )
-            call = Call(
-                request=request,
-                record=record,
-                behavior=behavior,
-                body=body,
-                deployment=deployment,
-                model=model,
-                stream=stream,
-                prompt_tokens=prompt_tokens,
-                number=next(self._numbers),
-            )
-            return await self._apply(call, answer)
-        except ConnectionError:
-            return web.Response()
-        finally:
-            if record is not None:
-                record.finish()
-            if task is not None:
-                self.active.discard(task)
+            return Rejection(400, {"error": error})
 
-    async def _apply(
-        self, call: Call, answer: Callable[[Call], Awaitable[web.StreamResponse]]
-    ) -> web.StreamResponse:
-        behavior = call.behavior
-        kind = behavior.kind
-        if kind == "http_error":
-            return await send_behavior_error(call)
-        if kind == "reset" or (kind == "stream_cut" and not call.stream):
-            call.record.finish()
-            abort(call.request, rst=True)
-            return web.Response()
-        if kind == "silence" or (kind == "stream_stall" and not call.stream):
-            await asyncio.sleep(behavior.seconds)
-            call.record.finish()
-            abort(call.request, rst=True)
-            return web.Response()
-        return await answer(call)
-
-    async def _send_json(self, call: Call, body: JSONDict) -> web.StreamResponse:
-        behavior = call.behavior
-        delay = behavior.latency + behavior.ttft
-        if delay > 0:
-            await asyncio.sleep(delay)
-        payload = json.dumps(body, ensure_ascii=False).encode()
-        if behavior.kind == "malformed_chunk":
-            payload = payload[: max(1, len(payload) // 2)]
-        response = web.Response(
-            status=200,
-            body=payload,
-            content_type="application/json",
-            charset="utf-8",
-            headers={"x-simulator-deployment": call.deployment},
-        )
-        call.record.status = 200
-        call.record.finish()
-        await response.prepare(call.request)
-        await response.write_eof()
-        return response
+        return await self._admissions.serve(request, check=check, tokens_of=tokens_of, answer=answer)
 
     async def _send_events(self, call: Call, events: list[bytes], closing: list[bytes]) -> web.StreamResponse:
         """SSE ``events`` then ``closing`` with the behaviour's delays, cut, stall or bad event."""
-        behavior = call.behavior
-        kind = behavior.kind
-        request = call.request
-        if kind in ("stream_cut", "stream_stall"):
-            events, closing = events[: behavior.after_chunks], []
-        elif kind == "malformed_chunk":
-            events.insert(min(behavior.after_chunks, len(events)), _MALFORMED)
-        elif kind == "no_done":
-            closing = [c for c in closing if c != _DONE]
-        if behavior.latency > 0:
-            await asyncio.sleep(behavior.latency)
-        response = web.StreamResponse(
-            status=200,
-            headers={
-                "Content-Type": "text/event-stream",
-                "Cache-Control": "no-cache",
-                "x-simulator-deployment": call.deployment,
-            },
-        )
-        if kind == "no_done":
-            response.force_close()
-        await response.prepare(request)
-        call.record.status = 200
-        if behavior.ttft > 0:
-            await asyncio.sleep(behavior.ttft)
-        for i, event in enumerate(events):
-            if i and behavior.chunk_delay > 0:
-                await asyncio.sleep(behavior.chunk_delay)
-            await response.write(event)
-        tail = b"".join(closing)
-        if kind == "stream_cut":
-            call.record.finish()
-            abort(request, rst=False)
-            return response
-        if kind == "stream_stall":
-            await asyncio.sleep(behavior.seconds)
-            call.record.finish()
-            abort(request, rst=True)
-            return response
-        call.record.finish()
-        await response.write_eof(tail)
-        return response
+        return await send_events(call, events, closing, malformed=_MALFORMED, done=_DONE)
 
     # -- embeddings -------------------------------------------------------------------------------
 
@@ -317,7 +192,7 @@ class OtherEndpoints:
             "model": call.model,
             "usage": {"prompt_tokens": call.prompt_tokens, "total_tokens": call.prompt_tokens},
         }
-        return await self._send_json(call, out)
+        return await send_json(call, out)
 
     # -- text completions -----------------------------------------------------------------------
 
@@ -347,10 +222,10 @@ class OtherEndpoints:
         }
         if not call.stream:
             choice = {"text": "".join(words), "index": 0, "logprobs": None, "finish_reason": finish}
-            return await self._send_json(call, {**base, "choices": [choice], "usage": usage})
+            return await send_json(call, {**base, "choices": [choice], "usage": usage})
 
         def chunk(text: str, reason: str | None) -> bytes:
-            return _sse(
+            return sse_event(
                 {**base, "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": reason}]}
             )
 
@@ -358,7 +233,7 @@ class OtherEndpoints:
         closing = [chunk("", finish)]
         options = body.get("stream_options")
         if isinstance(options, dict) and options.get("include_usage") is True:
-            closing.append(_sse({**base, "choices": [], "usage": usage}))
+            closing.append(sse_event({**base, "choices": [], "usage": usage}))
         closing.append(_DONE)
         return await self._send_events(call, events, closing)
 
@@ -387,7 +262,7 @@ class OtherEndpoints:
             "total_tokens": call.prompt_tokens,
             "input_tokens_details": {"text_tokens": call.prompt_tokens, "image_tokens": 0},
         }
-        return await self._send_json(call, {"created": int(time.time()), "data": data, "usage": usage})
+        return await send_json(call, {"created": int(time.time()), "data": data, "usage": usage})
 
     # -- Responses API ----------------------------------------------------------------------------
 
@@ -431,11 +306,11 @@ class OtherEndpoints:
 
         final = response("completed" if finish == "stop" else "incomplete", [item], usage)
         if not call.stream:
-            return await self._send_json(call, final)
+            return await send_json(call, final)
         seq = itertools.count()
 
         def event(kind: str, **fields: Any) -> bytes:
-            return _sse({"type": kind, "sequence_number": next(seq), **fields}, kind)
+            return sse_event({"type": kind, "sequence_number": next(seq), **fields}, kind)
 
         at = {"item_id": mid, "output_index": 0, "content_index": 0}
         opening = [

@@ -43,7 +43,7 @@ FAULT_KINDS: dict[str, frozenset[str]] = {
     "rate_limit": frozenset({"retry_after", "message"}),
     "quota": frozenset({"message"}),
     "server_error": frozenset({"status", "message"}),
-    "overloaded": frozenset(),
+    "overloaded": frozenset({"retry_after"}),
     "auth": frozenset(),
     "context_length": frozenset({"limit"}),
     "content_filter": frozenset(),

@@ -146,9 +146,9 @@ class Fault:
         )
 
     @staticmethod
-    def overloaded() -> Behavior:
-        """529 with Anthropic's ``overloaded_error`` / ``"Overloaded"``."""
-        return Fault.http_error(529, message="Overloaded", type="overloaded_error")
+    def overloaded(retry_after: float | str | None = None) -> Behavior:
+        """529 with Anthropic's ``overloaded_error`` / ``"Overloaded"`` (optional ``Retry-After``)."""
+        return Fault.http_error(529, message="Overloaded", retry_after=retry_after, type="overloaded_error")
 
     @staticmethod
     def auth() -> Behavior:

@@ -59,7 +59,9 @@ segment), ``POST /v1/chat/completions`` and ``POST /chat/completions`` (the depl
 body's ``model``), ``POST /{deployment}/chat/completions``, ``GET /{deployment}/v1/models``,
 ``GET /v1/models`` and ``GET /health``; ``POST .../embeddings``, ``.../completions``,
 ``.../images/generations`` and ``.../responses`` (same prefixes, same faults, see
-:mod:`._endpoints`; ``set_embedding_dimension(deployment, n)`` sets a deployment's vector length).
+:mod:`._endpoints`; ``set_embedding_dimension(deployment, n)`` sets a deployment's vector length);
+``POST /{deployment}/v1/messages`` in Anthropic's Messages dialect (``anthropic_base(deployment)``,
+see :mod:`._anthropic`) and Azure OpenAI's path (see :mod:`._azure`), with the same faults.
 Only model requests are logged.  A body that is not a JSON
 object with a ``messages`` list gets a plain 400 (logged with behavior ``"bad_request"``) without
 consuming any script.  Every chat response carries ``x-simulator-deployment: <deployment>``.
@@ -75,7 +77,7 @@ Fault kinds (constructors on :class:`Fault`, all returning a frozen :class:`Beha
     An OpenAI-shaped error body ``{"error": {"message", "type", "param": null, "code"}}``.
     ``retry_after`` becomes a ``Retry-After`` header: a number is sent as seconds (``2``,
     ``0.5``), a string as is (for example an HTTP-date).  Shorthands: ``rate_limit()`` (429,
-    type and code ``rate_limit_exceeded``), ``server_error(status=500)``, ``overloaded()``
+    type and code ``rate_limit_exceeded``), ``server_error(status=500)``, ``overloaded(retry_after=None)``
     (529, Anthropic-style ``overloaded_error`` / ``"Overloaded"``), ``auth()`` (401
     ``invalid_api_key``), ``context_length(limit=8192)`` (400 ``context_length_exceeded`` with
     OpenAI's "This model's maximum context length is ..." message), ``content_filter()`` (400
@@ -188,6 +190,7 @@ from types import FrameType, TracebackType
 from aiohttp import web
 
 from llm_resilience_plugin import _env
+from llm_resilience_plugin.testing._anthropic import AnthropicEndpoints
 from llm_resilience_plugin.testing._azure import add_azure_routes
 from llm_resilience_plugin.testing._endpoints import OtherEndpoints
 from llm_resilience_plugin.testing._fault_routes import add_fault_routes
@@ -302,6 +305,7 @@ class ProviderSimulator:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         add_fault_routes(app, self._state)  # before the catch-all /{deployment}/... routes
         add_azure_routes(app, self._endpoints.handle_chat)
+        AnthropicEndpoints(self._state, self._endpoints.active).add_routes(app)
         self._endpoints.add_routes(app)
         self._other.add_routes(app)
         runner = web.AppRunner(
@@ -358,6 +362,11 @@ class ProviderSimulator:
     def api_base(self, deployment: str) -> str:
         """LiteLLM ``api_base`` for an ``openai/`` model served as ``deployment``."""
         return f"{self.base_url}/{check_deployment(deployment)}/v1"
+
+    def anthropic_base(self, deployment: str) -> str:
+        """LiteLLM ``api_base`` for an ``anthropic/`` model served as ``deployment`` (Messages
+        dialect: LiteLLM posts to ``<api_base>/v1/messages``)."""
+        return f"{self.base_url}/{check_deployment(deployment)}"
 
     # -- scripting (kept in SimulatorState, shared with the server thread) ---------------------
 

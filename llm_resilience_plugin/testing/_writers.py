@@ -1,7 +1,10 @@
-"""Putting one chat exchange on the wire: error bodies, JSON completions, SSE streams, dropped sockets.
+"""Putting one exchange on the wire: error bodies, JSON answers, SSE streams, dropped sockets.
 
-Each writer stamps the request record (status, finish time) before the last byte leaves, so the log
-is complete by the time the client sees the end of the response.
+The generic writers (:func:`send_error_body`, :func:`send_json`, :func:`send_events`) apply a
+behaviour's delays, truncation, cut, stall and malformed event to any dialect's payload; the chat
+writers build OpenAI's payloads on top of them. Each writer stamps the request record (status,
+finish time) before the last byte leaves, so the log is complete by the time the client sees the
+end of the response.
 """
 
 from __future__ import annotations
@@ -25,7 +28,19 @@ from llm_resilience_plugin.testing._replies import (
 )
 from llm_resilience_plugin.testing._state import MutableRecord
 
-__all__ = ["Call", "abort", "send_behavior_error", "send_completion", "send_error", "send_stream"]
+__all__ = [
+    "Call",
+    "abort",
+    "format_retry_after",
+    "send_behavior_error",
+    "send_completion",
+    "send_error",
+    "send_error_body",
+    "send_events",
+    "send_json",
+    "send_stream",
+    "sse_event",
+]
 
 
 @dataclass
@@ -43,7 +58,14 @@ class Call:
     number: int
 
 
-def _format_retry_after(value: float | str) -> str:
+def sse_event(payload: JSONDict, event: str | None = None) -> bytes:
+    """One server-sent event: ``data: <compact JSON>``, after ``event: <event>`` when named."""
+    data = b"data: " + json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
+    return (f"event: {event}\n".encode() + data) if event else data
+
+
+def format_retry_after(value: float | str) -> str:
+    """A ``Retry-After`` header value: seconds as given (``2``, ``0.5``), a string as is."""
     if isinstance(value, str):
         return value
     return str(int(value)) if float(value).is_integer() else repr(float(value))
@@ -73,13 +95,25 @@ async def send_error(
     retry_after: float | str | None,
 ) -> web.StreamResponse:
     """An OpenAI-shaped ``{"error": ...}`` body with ``status`` and an optional ``Retry-After``."""
+    return await send_error_body(request, record, deployment, status, {"error": error}, retry_after)
+
+
+async def send_error_body(
+    request: web.Request,
+    record: MutableRecord,
+    deployment: str,
+    status: int,
+    payload: JSONDict,
+    retry_after: float | str | None,
+) -> web.StreamResponse:
+    """Any dialect's JSON error ``payload`` with ``status`` and an optional ``Retry-After``."""
     headers = {"x-simulator-deployment": deployment}
     if retry_after is not None:
-        headers["Retry-After"] = _format_retry_after(retry_after)
+        headers["Retry-After"] = format_retry_after(retry_after)
     response = web.Response(
         status=status,
         reason="Overloaded" if status == 529 else None,
-        body=json.dumps({"error": error}, ensure_ascii=False).encode(),
+        body=json.dumps(payload, ensure_ascii=False).encode(),
         content_type="application/json",
         charset="utf-8",
         headers=headers,
@@ -119,13 +153,12 @@ async def send_behavior_error(call: Call) -> web.StreamResponse:
     )
 
 
-async def send_completion(call: Call, reply: Reply) -> web.StreamResponse:
-    """A non-stream ``chat.completion`` after ``latency + ttft`` (truncated for malformed_chunk)."""
+async def send_json(call: Call, body: JSONDict) -> web.StreamResponse:
+    """A 200 JSON ``body`` after ``latency + ttft`` (cut in half for ``malformed_chunk``)."""
     behavior = call.behavior
     delay = behavior.latency + behavior.ttft
     if delay > 0:
         await asyncio.sleep(delay)
-    body = completion_body(reply, number=call.number, model=call.model, prompt_tokens=call.prompt_tokens)
     payload = json.dumps(body, ensure_ascii=False).encode()
     if behavior.kind == "malformed_chunk":
         payload = payload[: max(1, len(payload) // 2)]
@@ -143,11 +176,14 @@ async def send_completion(call: Call, reply: Reply) -> web.StreamResponse:
     return response
 
 
+async def send_completion(call: Call, reply: Reply) -> web.StreamResponse:
+    """A non-stream ``chat.completion`` after ``latency + ttft`` (truncated for malformed_chunk)."""
+    body = completion_body(reply, number=call.number, model=call.model, prompt_tokens=call.prompt_tokens)
+    return await send_json(call, body)
+
+
 async def send_stream(call: Call, reply: Reply) -> web.StreamResponse:
-    """The reply as SSE chunks, with the behaviour's delays, cut, stall or malformed event."""
-    behavior = call.behavior
-    kind = behavior.kind
-    request = call.request
+    """The reply as OpenAI SSE chunks, with the behaviour's delays, cut, stall or malformed event."""
     options = call.body.get("stream_options")
     events, closing = stream_events(
         reply,
@@ -155,12 +191,31 @@ async def send_stream(call: Call, reply: Reply) -> web.StreamResponse:
         model=call.model,
         prompt_tokens=call.prompt_tokens,
         include_usage=isinstance(options, dict) and options.get("include_usage") is True,
-        done=kind != "no_done",
+        done=call.behavior.kind != "no_done",
     )
+    return await send_events(call, events, closing, malformed=MALFORMED_EVENT)
+
+
+async def send_events(
+    call: Call,
+    events: list[bytes],
+    closing: list[bytes],
+    *,
+    malformed: bytes,
+    done: bytes | None = None,
+) -> web.StreamResponse:
+    """An SSE stream: ``events`` (what ``after_chunks`` counts) then ``closing``, with the
+    behaviour's delays, cut, stall, ``malformed`` event, or (``no_done``) without ``done``."""
+    behavior = call.behavior
+    kind = behavior.kind
+    request = call.request
     if kind in ("stream_cut", "stream_stall"):
         events, closing = events[: behavior.after_chunks], []
     elif kind == "malformed_chunk":
-        events.insert(min(behavior.after_chunks, len(events)), MALFORMED_EVENT)
+        events = list(events)
+        events.insert(min(behavior.after_chunks, len(events)), malformed)
+    elif kind == "no_done" and done is not None:
+        closing = [c for c in closing if c != done]
     if behavior.latency > 0:
         await asyncio.sleep(behavior.latency)
     response = web.StreamResponse(

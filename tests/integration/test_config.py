@@ -106,7 +106,8 @@ async def test_unknown_group_and_bad_arguments_fail_before_sending(sim) -> None:
     router.close()
 
 
-def test_from_yaml_config(tmp_path, sim) -> None:
+def test_from_yaml_config(tmp_path, llm_simulator) -> None:
+    sim = llm_simulator  # the pytest plugin's simulator (reset per test), as a user's test gets it
     path = tmp_path / "router.yaml"
     path.write_text(
         textwrap.dedent(

@@ -125,8 +125,6 @@ def test_dispatch_plan_default_and_modes(sim: ProviderSimulator) -> None:
 @pytest.mark.parametrize(
     ("params", "settings", "why"),
     [
-        ({"rpm": 100}, {}, "rpm"),
-        ({"tpm": 1000}, {}, "tpm"),
         ({"tags": ["x"]}, {}, "tags"),
         ({"order": 1}, {}, "order"),
         ({}, {"routing_strategy": "latency-based-routing"}, "routing_strategy"),
@@ -484,15 +482,18 @@ def test_check_says_which_dispatcher_each_group_uses(
         "    litellm_params: {model: openai/gpt-4o-mini, api_key: sk-x, api_base: 'http://127.0.0.1:9/v1'}\n"
         "  - model_name: limited\n"
         "    litellm_params: {model: openai/gpt-4o-mini, api_key: sk-x, rpm: 60}\n"
+        "  - model_name: ordered\n"
+        "    litellm_params: {model: openai/gpt-4o-mini, api_key: sk-x, order: 1}\n"
     )
     assert main(["check", str(cfg)]) == 0
     out = capsys.readouterr().out
     assert "dispatch: direct (equivalent to the Router" in out
-    assert "dispatch: router (deployment limited/openai/gpt-4o-mini sets rpm" in out
+    assert "dispatch: router (deployment ordered/openai/gpt-4o-mini sets order" in out
     assert main(["check", str(cfg), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["groups"]["fast"]["dispatch"]["dispatcher"] == "direct"
-    assert doc["groups"]["limited"]["dispatch"]["dispatcher"] == "router"
+    assert doc["groups"]["limited"]["dispatch"]["dispatcher"] == "direct"  # rpm: counted in the Router
+    assert doc["groups"]["ordered"]["dispatch"]["dispatcher"] == "router"
 
 
 async def test_direct_attempts_never_register_litellm_hooks(

@@ -217,7 +217,12 @@ async def test_embeddings_are_the_simulators_vectors_in_order(build, sim):
 
 
 async def test_a_batch_over_the_limit_is_split_and_joined_in_order(build, sim):
-    router = build("embedding", {"g": ["a"]}, info={"a": {"max_embedding_batch_size": 2}})
+    router = build(
+        "embedding",
+        {"g": ["a"]},
+        info={"a": {"max_embedding_batch_size": 2}},
+        policy={"embedding_batch_concurrency": 1},  # the requests' order is the batches' order
+    )
     texts = [f"text {i}" for i in range(5)]
     resp = await router.aembedding(model="g", input=texts)
     assert [len(r.body["input"]) for r in sim.requests("a")] == [2, 2, 1]
@@ -232,7 +237,14 @@ async def test_a_batch_over_the_limit_is_split_and_joined_in_order(build, sim):
 
 
 async def test_a_failed_batch_is_retried_whole_and_a_lost_one_fails_the_call(build, sim):
-    router = build("embedding", {"g": ["a"]}, info={"a": {"max_embedding_batch_size": 2}})
+    # batches one at a time, so the scripted faults meet them in input order (the concurrent
+    # case: tests/integration/test_embedding_batches.py)
+    router = build(
+        "embedding",
+        {"g": ["a"]},
+        info={"a": {"max_embedding_batch_size": 2}},
+        policy={"embedding_batch_concurrency": 1},
+    )
     sim.script("a", Fault.ok(), Fault.server_error(500))  # the second batch fails once
     resp = await router.aembedding(model="g", input=["1", "2", "3", "4"])
     bodies = [r.body["input"] for r in sim.requests("a")]

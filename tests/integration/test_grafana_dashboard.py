@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from llm_resilience_plugin.cost import Budget, CostGuard
 from llm_resilience_plugin.observability import instrument
-from llm_resilience_plugin.testing import Fault
+from llm_resilience_plugin.testing import Clock, Fault
 from llm_resilience_plugin.testing._simulator import ProviderSimulator
 from tests.conftest import MSG, RouterFactory
 
@@ -51,6 +51,12 @@ async def test_every_metric_in_the_dashboard_is_emitted(
         guards=[guard],
     )
     instrument(router, otel="off", registry=registry)
+    # Hedges (real time): the slow deployment's calls are hedged to the fast one, which wins.
+    hedged = make_router(
+        {"hedged": ["c", "d"]}, policy={"hedge": {"delay": 0.05, "max_extra_fraction": 1.0}}, clock=Clock()
+    )
+    instrument(hedged, otel="off", registry=registry)
+    sim.set_default("c", Fault.ok(latency=0.4))
     render = _renderer()
     history = [render.scrape(registry, 0.0)]
     sim.script("a", Fault.server_error(500), Fault.server_error(500))  # a retry, a fallback, a trip
@@ -59,6 +65,8 @@ async def test_every_metric_in_the_dashboard_is_emitted(
     stream = await router.acompletion(model="primary", messages=MSG, max_tokens=5, stream=True)
     async for _ in stream:
         pass
+    for _ in range(6):
+        await hedged.acompletion(model="hedged", messages=MSG, max_tokens=5)
     history.append(render.scrape(registry, 60.0))
 
     emitted = {s.name for family in registry.collect() for s in family.samples}

@@ -77,3 +77,44 @@ async def test_the_last_route_waits_the_whole_attempt_timeout(make_router: Route
     sim.set_default("a", Fault.slow_first_token(1.5))  # slower than learned, but nowhere else to go
     resp = await router.acompletion(model="primary", messages=MSG)
     assert get_report(resp).upstream_requests == 1  # type: ignore[union-attr]
+
+
+async def test_avoid_deployments_skips_them_and_fails_over_without_a_circuit_open_record(
+    make_router: RouterFactory, sim
+):
+    import pytest
+
+    from llm_resilience_plugin import ConfigError
+
+    router = make_router({"primary": ["a"], "backup": ["b"]}, fallbacks=[{"primary": ["backup"]}])
+    resp = await router.acompletion(model="primary", messages=MSG, avoid_deployments=["a"])
+    report = get_report(resp)
+    assert report is not None and report.served_group == "backup" and sim.count("a") == 0
+    assert [a.deployment_id for a in report.attempts] == ["b"]  # nothing recorded as circuit_open
+    with pytest.raises(ConfigError, match="avoid_deployments"):
+        await router.acompletion(model="primary", messages=MSG, avoid_deployments="a")
+    assert sim.count("a") == 0 and sim.count("b") == 1
+
+
+async def test_one_call_waits_out_a_hold_and_the_overflow_fails_over_at_once(make_router: RouterFactory, sim):
+    import asyncio
+    import time
+
+    from llm_resilience_plugin._engine.clock import Clock
+
+    router = make_router(
+        {"primary": ["a"], "backup": ["b"]}, fallbacks=[{"primary": ["backup"]}], clock=Clock()
+    )
+    await router.acompletion(model="primary", messages=MSG)  # warm: the 429s below come back together
+    sim.set_default("a", Fault.rate_limit(retry_after=0.3))  # "a" stays at its limit
+    t = time.monotonic()
+    results = await asyncio.gather(*(router.acompletion(model="primary", messages=MSG) for _ in range(3)))
+    elapsed = time.monotonic() - t
+    assert all(get_report(r).served_group == "backup" for r in results)  # type: ignore[union-attr]
+    # "a" answered nothing while held, so one call queues for its hold (and meets a 429 again, or
+    # a hold extended by the others' 429s: it has waited one hold, so it fails over); the two
+    # others fail over at once.
+    assert sim.count("a") in (4, 5) and sim.count("b") == 3
+    waited = [get_report(r).attempts[-1].wait_before_s for r in results]  # type: ignore[union-attr]
+    assert sum(1 for r in results for a in get_report(r).attempts if a.wait_before_s >= 0.2) == 1  # type: ignore[union-attr]
+    assert waited.count(0.0) == 3 and elapsed < 2.0

@@ -171,8 +171,8 @@ async def test_retry_after_gap_is_honoured(make_router: RouterFactory, sim):
     assert gaps(sim, "a")[0] >= 0.4
 
 
-async def test_retry_after_as_http_date_is_parsed(make_router: RouterFactory, sim):
-    clock = FakeClock()
+async def test_retry_after_as_http_date_is_parsed(make_router: RouterFactory, sim, llm_clock):
+    clock = llm_clock  # the pytest plugin's FakeClock
     router = make_router({"primary": ["a"]}, clock=clock)
     when = time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(time.time() + 3))
     sim.script("a", Fault.rate_limit(retry_after=when))

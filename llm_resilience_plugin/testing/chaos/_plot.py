@@ -1,8 +1,10 @@
 """The timeline plot: per scenario and system, one row per deployment with each upstream request
 (green answered, red failed), the plugin's breaker states as bands, and the calls' outcomes.
 
-matplotlib is optional (the ``notebooks`` extra): without it ``--plot`` is a clear error.
-``.png`` writes the figure; ``.html`` a page with the figure embedded and the table.
+matplotlib is optional (the ``notebooks`` extra): without it a ``.png`` is a clear error.
+``.html`` writes a page with the table and an interactive timeline per scenario (inline SVG from
+:mod:`._svg`: hover a call, a request or a breaker band for its details; no matplotlib needed),
+and the static figure below it when matplotlib is installed.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 from llm_resilience_plugin.errors import ConfigError
 from llm_resilience_plugin.testing.chaos._metrics import request_failed, served_by
 from llm_resilience_plugin.testing.chaos._run import RunResult
+from llm_resilience_plugin.testing.chaos._svg import PAGE_SCRIPT, PAGE_STYLE, timeline_svg
 
 __all__ = ["write_plot"]
 
@@ -95,14 +98,41 @@ def write_plot(path: str, runs: list[tuple[RunResult, RunResult]], table: str) -
     out = Path(path)
     if out.suffix.lower() not in (".png", ".html", ".htm"):
         raise ConfigError("--plot", f"expected a .png or .html path, got {path!r}")
-    png = _figure(runs)
     if out.suffix.lower() == ".png":
-        out.write_bytes(png)
+        out.write_bytes(_figure(runs))
         return out
-    image = base64.b64encode(png).decode()
-    out.write_text(
-        "<!doctype html><meta charset='utf-8'><title>llm-resilience chaos</title>"
-        f"<h1>llm-resilience chaos</h1><pre>{html.escape(table)}</pre>"
-        f"<img alt='timeline' style='max-width:100%' src='data:image/png;base64,{image}'>\n"
-    )
+    out.write_text(_page(runs, table))
     return out
+
+
+def _page(runs: list[tuple[RunResult, RunResult]], table: str) -> str:
+    """The HTML report: the table, the interactive timelines, the static figure if available."""
+    parts = [
+        "<!doctype html><meta charset='utf-8'><title>llm-resilience chaos</title>",
+        f"<style>{PAGE_STYLE}</style>",
+        f"<h1>llm-resilience chaos</h1><pre>{html.escape(table)}</pre>",
+        "<p class='legend'>Hover any mark for its details.",
+        "<span style='background:#2e8b57'></span>answered <span style='background:#c0392b'></span>failed",
+        "<span style='background:#f4a6a6'></span>breaker open",
+        "<span style='background:#f9d99a'></span>half-open</p>",
+    ]
+    for plugin, plain in runs:
+        name = html.escape(plugin.scenario.name)
+        description = html.escape(plugin.scenario.description)
+        parts.append(f"<section><h2>{name}</h2><p>{description}</p><div class='pair'>")
+        for run in (plugin, plain):
+            parts.append(
+                f"<figure><figcaption>{html.escape(run.system)}</figcaption>{timeline_svg(run)}</figure>"
+            )
+        parts.append("</div></section>")
+    try:
+        image = base64.b64encode(_figure(runs)).decode()
+    except ConfigError:  # no matplotlib: the interactive timelines are the report
+        image = None
+    if image is not None:
+        parts.append(
+            "<details><summary>Static figure</summary>"
+            f"<img alt='timeline' style='max-width:100%' src='data:image/png;base64,{image}'></details>"
+        )
+    parts.append(f"<div id='tip'></div><script>{PAGE_SCRIPT}</script>\n")
+    return "".join(parts)

@@ -29,6 +29,7 @@ __all__ = [
     "execute",
     "prepare",
     "run_scenario",
+    "timeline_events",
     "warm_up",
 ]
 
@@ -201,7 +202,7 @@ class _Caller:
         return CallResult(tag, start, end, ok, error, pt, ct)
 
 
-def _events(target: Target, scenario: Scenario) -> list[tuple[float, str, Any]]:
+def timeline_events(target: Target, scenario: Scenario) -> list[tuple[float, str, Any]]:
     """The timeline as (seconds from start, simulator deployment, behaviour), in time order."""
     healthy = scenario.healthy.behavior()
     events: list[tuple[float, str, Any]] = []
@@ -296,7 +297,7 @@ def prepare(
         primary=primary,
         fallbacks=spec.fallback_chain(primary, None),
     )
-    events = _events(target, scenario)
+    events = timeline_events(target, scenario)
     for dep in target.deployments:
         sim.set_default(dep.sim_name, scenario.healthy.behavior())
     router = _build(system, spec, raw_settings, target, scenario)

@@ -33,8 +33,13 @@ def _azure(params: dict[str, Any], base_url: str, name: str) -> dict[str, Any]:
     return {**params, "api_base": f"{base_url}/{name}", "api_key": "sk-chaos", "api_version": version}
 
 
-DIALECTS: dict[str, Rewrite] = {"openai": _openai, "azure": _azure}
-"""Provider name -> rewrite; other modules register their dialect here (see ``_dialects``)."""
+def _anthropic(params: dict[str, Any], base_url: str, name: str) -> dict[str, Any]:
+    # LiteLLM's anthropic/ provider posts to <api_base>/v1/messages: the simulator's Messages dialect.
+    return {**params, "api_base": f"{base_url}/{name}", "api_key": "sk-chaos"}
+
+
+DIALECTS: dict[str, Rewrite] = {"openai": _openai, "azure": _azure, "anthropic": _anthropic}
+"""Provider name -> rewrite into the simulator dialect that provider speaks (else OpenAI's)."""
 
 
 def provider_of(params: Mapping[str, Any]) -> str:
