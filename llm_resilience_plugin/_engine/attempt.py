@@ -53,6 +53,7 @@ class AttemptContext:
     token: str = ""  # names this attempt to the dispatcher's hooks
     hedged: bool = False  # a hedge must know its deployment while the request is in flight
     timeout_s: float = 0.0  # this attempt's time limit (to the first chunk for a stream)
+    number: int = 0  # the call's attempt number when this one opened (a hedge race runs two at once)
     admission: Admission | None = None
     # The breaker generation of each candidate the filter let through; None until it runs (most
     # attempts never filter: no dict, no GC-tracked object per attempt).

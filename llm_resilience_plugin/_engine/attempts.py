@@ -67,6 +67,7 @@ def begin(
         token=f"{id(engine)}:{call.call_id}:{next(ATTEMPT_IDS)}",
         hedged=holder is not None,
         timeout_s=timeout,
+        number=call.attempt_no,
     )
     if holder is not None:
         holder.append(actx)
@@ -207,7 +208,7 @@ def guard_before(
     deployments = tuple(engine.deployments[d] for d in ids)
     info = AttemptInfo(
         call_id=call.call_id,
-        attempt=call.attempt_no,
+        attempt=actx.number,
         model_group=group,
         fallback_level=level,
         deployments=deployments,

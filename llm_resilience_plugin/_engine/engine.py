@@ -479,7 +479,7 @@ class Engine:
         dep = actx.picked if actx is not None else None
         values = (  # AttemptRecord's fields, in order
             call.call_id,
-            call.attempt_no,
+            actx.number if actx is not None else call.attempt_no,
             group,
             dep,
             level,

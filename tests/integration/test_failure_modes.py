@@ -148,6 +148,18 @@ async def test_hedging_cuts_the_tail_and_cancels_the_loser(make_router: RouterFa
     assert sim.count() == 16 + len(hedges)
 
 
+async def test_a_hedge_race_numbers_each_attempt_as_it_opened(make_router: RouterFactory, sim):
+    """The first attempt and its hedge are attempts 1 and 2 in the report, whichever ends first."""
+    router = make_router({"primary": ["a", "b"]}, policy={"hedge": {"delay": 0.05}}, clock=Clock())
+    sim.set_default("a", Fault.ok(latency=0.4))
+    sim.set_default("b", Fault.ok(latency=0.4))
+    resp = await router.acompletion(model="primary", messages=MSG)
+    rep = get_report(resp)
+    assert rep is not None and rep.hedged
+    numbers = {a.deployment_id: a.attempt for a in rep.attempts}
+    assert sorted(numbers.values()) == [1, 2], rep.attempts
+
+
 async def test_hedges_stay_within_the_configured_fraction(make_router: RouterFactory, sim):
     router = make_router(
         {"primary": ["a", "b"]},
