@@ -20,7 +20,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import llm_resilience_plugin  # noqa: F401  (first: keeps LiteLLM offline)
-import litellm
 from llm_resilience_plugin import ResilientRouter
 from llm_resilience_plugin.testing import ProviderSimulator
 
@@ -41,10 +40,13 @@ def _timed(fn: Callable[..., Awaitable[Any]], marks: dict[str, float]) -> Callab
 
 def _summary(name: str, values: list[float]) -> str:
     ordered = sorted(values)
-    return f"{name}: median {statistics.median(ordered):.1f} µs, p90 {ordered[int(0.9 * len(ordered))]:.1f} µs"
+    p90 = ordered[int(0.9 * len(ordered))]
+    return f"{name}: median {statistics.median(ordered):.1f} µs, p90 {p90:.1f} µs"
 
 
-async def _run(router: ResilientRouter, marks: dict[str, float], calls: int, warmup: int) -> dict[str, list[float]]:
+async def _run(
+    router: ResilientRouter, marks: dict[str, float], calls: int, warmup: int
+) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {"before": [], "litellm": [], "after": []}
     for i in range(warmup + calls):
         t0 = time.perf_counter()
@@ -58,6 +60,8 @@ async def _run(router: ResilientRouter, marks: dict[str, float], calls: int, war
 
 
 def main() -> None:
+    import litellm  # after the package: it keeps LiteLLM offline
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--calls", type=int, default=400)
     ap.add_argument("--warmup", type=int, default=50)
@@ -69,7 +73,11 @@ def main() -> None:
             {
                 "model_name": "g",
                 "model_info": {"id": "a"},
-                "litellm_params": {"model": "openai/gpt-4o-mini", "api_base": sim.api_base("a"), "api_key": "sk-x"},
+                "litellm_params": {
+                    "model": "openai/gpt-4o-mini",
+                    "api_base": sim.api_base("a"),
+                    "api_key": "sk-x",
+                },
             }
         ]
         router = ResilientRouter(model_list=model_list, policy={"dispatch": args.dispatch})
