@@ -134,9 +134,12 @@ async def test_a_hedge_the_first_attempt_beats_is_sent_not_won(
     router.subscribe(events.append)
     sim.set_default("a", Fault.ok(latency=0.15))  # the hedge goes out at 0.05 s ...
     sim.set_default("b", Fault.ok(latency=0.6))  # ... and b answers far later than a
-    for _ in range(6):
+    # The first deployment is a random pick: call until a has started (and been hedged) twice.
+    for i in range(40):
         await router.acompletion(model="primary", messages=MSG, max_tokens=5)
-    hedged_from_a = [e for e in events if isinstance(e, HedgeSent) and e.first_deployment == "a"]
+        hedged_from_a = [e for e in events if isinstance(e, HedgeSent) and e.first_deployment == "a"]
+        if i >= 5 and len(hedged_from_a) >= 2:
+            break
     assert hedged_from_a
     won = tel.prom("llm_resilience_hedges_won_total", group="primary") or 0.0
     sent = tel.prom("llm_resilience_hedges_total", group="primary") or 0.0
