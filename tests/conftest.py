@@ -21,16 +21,15 @@ FAST_POLICY: dict[str, Any] = {
 
 
 @pytest.fixture(scope="session")
-def sim_server() -> Iterator[ProviderSimulator]:
-    with ProviderSimulator() as sim:
-        yield sim
+def sim_server(_llm_simulator_server: ProviderSimulator) -> ProviderSimulator:
+    """The session's simulator: the one the package's pytest plugin runs (``llm_simulator``)."""
+    return _llm_simulator_server
 
 
 @pytest.fixture
-def sim(sim_server: ProviderSimulator) -> Iterator[ProviderSimulator]:
-    sim_server.reset()
-    yield sim_server
-    sim_server.reset()
+def sim(llm_simulator: ProviderSimulator) -> ProviderSimulator:
+    """The plugin's ``llm_simulator``: the session's simulator, reset before and after each test."""
+    return llm_simulator
 
 
 def deployment(sim: ProviderSimulator, group: str, dep_id: str, **params: Any) -> dict[str, Any]:

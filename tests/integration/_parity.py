@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import litellm
+from litellm.integrations.custom_logger import CustomLogger
 
 from llm_resilience_plugin import ResilientRouter
 from llm_resilience_plugin.testing._simulator import ProviderSimulator
@@ -111,3 +112,20 @@ def close_all(routers: Iterator[Any] | tuple[Any, ...]) -> None:
     for r in routers:
         if isinstance(r, ResilientRouter):
             r.close()
+
+
+class Events(CustomLogger):
+    """A litellm.callbacks user: what success and failure logging report per attempt."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, dict[str, Any]]] = []
+
+    async def async_log_success_event(
+        self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any
+    ) -> None:
+        self.seen.append(("success", kwargs["standard_logging_object"]))
+
+    async def async_log_failure_event(
+        self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any
+    ) -> None:
+        self.seen.append(("failure", kwargs["standard_logging_object"]))

@@ -20,6 +20,7 @@ from llm_resilience_plugin.routing._dispatch import RouterDispatcher
 from llm_resilience_plugin.testing import FakeClock
 from llm_resilience_plugin.testing._simulator import Fault, ProviderSimulator
 from tests.conftest import FAST_POLICY, MSG, deployment
+from tests.integration._parity import Events
 
 MODES = ("router", "direct")
 # Per-request values: ids and clocks, and the plugin's own attempt token.
@@ -210,23 +211,6 @@ async def test_weights_are_reproduced(sim: ProviderSimulator, routers: list[Resi
         counts[mode] = Counter(rec.deployment for rec in sim.requests())
     for mode in MODES:  # 3:1 -> 150 expected of 200 on "a"; 5 sigma is about 30
         assert 120 <= counts[mode]["a"] <= 180, counts
-
-
-class Events(CustomLogger):
-    """A litellm.callbacks user: what success and failure logging report per attempt."""
-
-    def __init__(self) -> None:
-        self.seen: list[tuple[str, dict[str, Any]]] = []
-
-    async def async_log_success_event(
-        self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any
-    ) -> None:
-        self.seen.append(("success", kwargs["standard_logging_object"]))
-
-    async def async_log_failure_event(
-        self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any
-    ) -> None:
-        self.seen.append(("failure", kwargs["standard_logging_object"]))
 
 
 SLO_KEYS = (

@@ -15,13 +15,13 @@ from typing import Any
 
 import litellm
 import pytest
-from litellm.integrations.custom_logger import CustomLogger
 
 from llm_resilience_plugin import AllRoutesFailedError, ResilientRouter
 from llm_resilience_plugin.routing._direct import DirectDispatcher
 from llm_resilience_plugin.testing import FakeClock
 from llm_resilience_plugin.testing._simulator import Fault, ProviderSimulator
 from tests.conftest import FAST_POLICY
+from tests.integration._parity import Events
 
 MODES = ("router", "direct")
 # operation -> (model, model_info extras, payload)
@@ -225,23 +225,6 @@ async def test_one_request_per_attempt_no_sdk_retries(sim: ProviderSimulator, pa
         with pytest.raises(Exception):  # noqa: B017 - the count is what matters
             await _call(r, op)
         assert sim.count("a") == 1
-
-
-class Events(CustomLogger):
-    """A litellm.callbacks user: what success and failure logging report per attempt."""
-
-    def __init__(self) -> None:
-        self.seen: list[tuple[str, dict[str, Any]]] = []
-
-    async def async_log_success_event(
-        self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any
-    ) -> None:
-        self.seen.append(("success", kwargs["standard_logging_object"]))
-
-    async def async_log_failure_event(
-        self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any
-    ) -> None:
-        self.seen.append(("failure", kwargs["standard_logging_object"]))
 
 
 SLO_KEYS = (
