@@ -21,15 +21,16 @@ FAST_POLICY: dict[str, Any] = {
 
 
 @pytest.fixture(scope="session")
-def sim_server(_llm_simulator_server: ProviderSimulator) -> ProviderSimulator:
-    """The session's simulator: the one the package's pytest plugin runs (``llm_simulator``)."""
-    return _llm_simulator_server
+def sim_server() -> Iterator[ProviderSimulator]:
+    with ProviderSimulator() as sim:
+        yield sim
 
 
 @pytest.fixture
-def sim(llm_simulator: ProviderSimulator) -> ProviderSimulator:
-    """The plugin's ``llm_simulator``: the session's simulator, reset before and after each test."""
-    return llm_simulator
+def sim(sim_server: ProviderSimulator) -> Iterator[ProviderSimulator]:
+    sim_server.reset()
+    yield sim_server
+    sim_server.reset()
 
 
 def deployment(sim: ProviderSimulator, group: str, dep_id: str, **params: Any) -> dict[str, Any]:
