@@ -254,7 +254,8 @@ class CallReport:
     # The key, or how to compute it: the content fingerprint is hashed on first read when nothing
     # needed it during the call, so calls without a store, guard or listener never pay for it.
     _idempotency_key: str | None = field(default=None, repr=False)
-    _key_source: Callable[[], str] | None = field(default=None, repr=False, compare=False)
+    _key_source: Callable[..., str] | None = field(default=None, repr=False, compare=False)
+    _key_args: tuple[Any, ...] = field(default=(), repr=False, compare=False)
 
     @property
     def attempts(self) -> list[AttemptRecord]:
@@ -296,16 +297,18 @@ class CallReport:
     def idempotency_key(self) -> str | None:
         """Your ``idempotency_key=``, or the content fingerprint (``fp-…``) of the request."""
         if self._idempotency_key is None and self._key_source is not None:
-            self._idempotency_key, self._key_source = self._key_source(), None
+            self._idempotency_key = self._key_source(*self._key_args)
+            self._key_source, self._key_args = None, ()
         return self._idempotency_key
 
     @idempotency_key.setter
     def idempotency_key(self, value: str | None) -> None:
-        self._idempotency_key, self._key_source = value, None
+        self._idempotency_key, self._key_source, self._key_args = value, None, ()
 
-    def key_from(self, source: Callable[[], str]) -> None:
-        """Compute the idempotency key with ``source`` on first read (a fingerprint nobody may need)."""
-        self._idempotency_key, self._key_source = None, source
+    def key_from(self, source: Callable[..., str], args: tuple[Any, ...] = ()) -> None:
+        """Compute the idempotency key as ``source(*args)`` on first read (a fingerprint nobody
+        may need; the arguments in a tuple, not a ``partial``: one object fewer per call)."""
+        self._idempotency_key, self._key_source, self._key_args = None, source, args
 
     @property
     def upstream_requests(self) -> int:
@@ -364,18 +367,22 @@ def usage_of(obj: Any) -> dict[str, int] | None:
     )
     if usage is None:
         return None
-    raw = usage
-
-    def get(name: str) -> Any:
-        return raw.get(name) if isinstance(raw, dict) else getattr(raw, name, None)
-
-    prompt, completion = get("prompt_tokens"), get("completion_tokens")
-    if prompt is None and completion is None:  # the Responses API's names
-        prompt, completion = get("input_tokens"), get("output_tokens")
+    # A dict's keys or the object's attributes (no per-call closure: this runs on every answer).
+    if isinstance(usage, dict):
+        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        total = usage.get("total_tokens")
+        if prompt is None and completion is None:  # the Responses API's names
+            prompt, completion = usage.get("input_tokens"), usage.get("output_tokens")
+    else:
+        prompt = getattr(usage, "prompt_tokens", None)
+        completion = getattr(usage, "completion_tokens", None)
+        total = getattr(usage, "total_tokens", None)
+        if prompt is None and completion is None:
+            prompt, completion = getattr(usage, "input_tokens", None), getattr(usage, "output_tokens", None)
     return {
         "prompt_tokens": int(prompt or 0),
         "completion_tokens": int(completion or 0),
-        "total_tokens": int(get("total_tokens") or 0),
+        "total_tokens": int(total or 0),
     }
 
 

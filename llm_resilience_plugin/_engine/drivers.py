@@ -122,13 +122,17 @@ async def walk_routes(
     engine: Engine, call: CallState, requested: str, messages: Any, kwargs: dict[str, Any]
 ) -> Any:
     """The whole call: the requested group, then its fallback chain, until one answers."""
-    walk = _Walk(requested, messages, kwargs)
+    # The walk's state is made when a group first gives up (most calls answer in the first).
+    walk: _Walk | None = None
+    group, level, msgs, kw = requested, 0, messages, kwargs
     while True:
-        group, level = walk.group, walk.level
+        if walk is not None:
+            group, level, msgs, kw = walk.group, walk.level, walk.messages, walk.kwargs
         if (call.failures or call.opts.avoid) and not _has_candidates(engine, call, group):
             # Every deployment of this group already failed this call (a stream resuming
             # elsewhere, or the caller's avoid_deployments): go straight to the next route,
             # nothing to record here.
+            walk = walk or _Walk(requested, messages, kwargs)
             step = _after_exhausted(engine, call, walk, _last_failure(call, group), kwargs)
             if step is _AGAIN:
                 continue
@@ -138,19 +142,18 @@ async def walk_routes(
             # never pay for a retry loop. A failure is handed to tenacity as its attempt 1.
             call.next_wait = 0.0
             call.out_of_time = False
-            hedge = engine.hedge_for(call, group)
+            hedge = engine.hedges.get(group) if engine.hedges else None  # no call: none configured
+            if hedge is not None:
+                hedge = engine.hedge_for(call, group)
             try:
                 if hedge is None:
-                    result = await attempts.attempt(engine, call, group, level, walk.messages, walk.kwargs)
+                    result = await attempts.attempt(engine, call, group, level, msgs, kw)
                 else:
-                    result = await _hedged_attempt(
-                        engine, call, group, level, walk.messages, walk.kwargs, hedge
-                    )
+                    result = await _hedged_attempt(engine, call, group, level, msgs, kw, hedge)
             except AttemptFailed as first:
-                result = await _retry_group(
-                    engine, call, group, level, walk.messages, walk.kwargs, hedge, first
-                )
+                result = await _retry_group(engine, call, group, level, msgs, kw, hedge, first)
         except AttemptFailed as af:
+            walk = walk or _Walk(requested, messages, kwargs)
             step = _after_exhausted(engine, call, walk, af.failure, kwargs)
             if step is _AGAIN:
                 continue
@@ -292,7 +295,7 @@ def finish(
         assert engine.dispatcher is not None
         if result is not None:
             engine.dispatcher.annotate(r, result, usage)
-    if not call.stream or failure is not None:
+    if (not call.stream or failure is not None) and (call.listener is not None or engine.events.active):
         engine.emit(call, r)
 
 

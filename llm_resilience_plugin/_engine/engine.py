@@ -294,6 +294,8 @@ class Engine:
 
     def can_go_elsewhere(self, call: CallState, group: str) -> bool:
         """Could this call still try another deployment of ``group`` or another group?"""
+        if not call.never_again and len(self.group_deployments[group]) > 1:
+            return True  # the common case, without building the list below
         others = [d for d in self.group_deployments[group] if d not in call.never_again]
         return len(others) > 1 or self.has_fallback(call, group)
 

@@ -65,10 +65,13 @@ class RouterDispatcher:
         # LiteLLM's Responses path keeps its routing metadata in ``litellm_metadata`` (``metadata``
         # is the caller's, sent to the provider); every other path in ``metadata``.
         field = "litellm_metadata" if operation == "responses" else "metadata"
-        out = {k: v for k, v in kwargs.items() if k != field}
-        md = dict(kwargs.get(field) or {})
-        md[META_KEY] = token
-        out[field] = md
+        if kwargs:
+            out = {k: v for k, v in kwargs.items() if k != field}
+            md = dict(kwargs.get(field) or {})
+            md[META_KEY] = token
+            out[field] = md
+        else:  # the common case: LiteLLM's defaults for everything else
+            out = {field: {META_KEY: token}}
         if operation == "embedding":  # the Router's SDK retries are off on every other path
             out["max_retries"] = NO_SDK_RETRIES
         if connect and operation != "responses":  # LiteLLM's Responses path takes seconds only

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import functools
 import itertools
 import os
 import uuid
@@ -422,7 +421,8 @@ class ResilientRouter(EndpointsMixin):
     ) -> tuple[CallState, dict[str, Any]]:
         """Validate the call (nothing is sent on bad input) and split plugin options from kwargs;
         ``operation``: which LiteLLM call (its payload is checked by the caller when not chat)."""
-        self._check_group(model)
+        if type(model) is not str or model not in self.engine.group_deployments:
+            self._check_group(model)
         if operation == "completion":
             validate_request(messages, kwargs)
         if deadline is not None:
@@ -431,7 +431,10 @@ class ResilientRouter(EndpointsMixin):
             opts, clean = split_options(kwargs)
         else:  # the common case: LiteLLM's own arguments only
             opts, clean = NO_OPTIONS, dict(kwargs)
-        priority, tier = _tier_of(self.policy, opts.priority)
+        if opts.priority is None and self.policy.default_tier is None:
+            priority, tier = None, None  # the common case, without a call
+        else:
+            priority, tier = _tier_of(self.policy, opts.priority)
         if priority is not None and tier is not None and tier.shed_below > 0:
             self._shed_check(model, priority, tier, clean)
         call_id = f"{_CALL_PREFIX}{next(_CALL_IDS):x}"
@@ -445,16 +448,17 @@ class ResilientRouter(EndpointsMixin):
             report.idempotency_key = fingerprint(keyed, messages, clean)
         else:  # hashed only if read (a list is copied: appending to it later changes nothing)
             snapshot = list(messages) if isinstance(messages, list) else messages
-            report.key_from(functools.partial(fingerprint, keyed, snapshot, clean))
+            report.key_from(fingerprint, (keyed, snapshot, clean))
         budget_s = (
             deadline
             or (tier.deadline if tier and tier.deadline else None)
             or self.engine.policies[model].deadline
         )
+        clock = self.engine.clock
         ctx = CallState(
             call_id=call_id,
             report=report,
-            deadline=Deadline.after(self.engine.clock, budget_s),
+            deadline=Deadline(clock, clock.monotonic() + budget_s),  # Deadline.after, inline
             stream=stream,
             listener=listener,
             before_retry=before_retry,
