@@ -188,9 +188,6 @@ class AttemptContext:
         if self.picked is not None and self.admission is not None:
             return
         self.picked = dep
-        gen = self.generations.get(dep) if self.generations is not None else None
-        if gen is None:
-            b = self.engine.breakers.get(dep)
-            gen = b.generation if b is not None else None
-        if gen is not None:
-            self.admission = Admission(dep, gen, probe=False)
+        b = self.engine.breakers.get(dep)
+        if b is not None:  # its shared ticket for the generation the filter saw, or the current one
+            self.admission = b.ticket(self.generations.get(dep) if self.generations is not None else None)

@@ -317,6 +317,7 @@ class DeploymentBreaker:
         self._lock = threading.Lock()
         self._hold_until = 0.0
         self._rate_limited = 0  # 429s in a row since the last success
+        self._ticket: Admission | None = None  # the plain ticket of the last generation seen
         if backend is not None and storage is not None:
             raise ValueError("pass a pybreaker storage or a backend, not both")
         self.backend: BreakerBackend = backend or MemoryBreakerBackend(
@@ -344,6 +345,17 @@ class DeploymentBreaker:
     def generation(self) -> int:
         self._drain()
         return self.backend.generation
+
+    def ticket(self, generation: int | None = None) -> Admission:
+        """The plain (non-probe) ticket of ``generation`` (default: the current one): one
+        immutable object per generation, shared by the attempts admitted under it."""
+        gen = self.generation if generation is None else generation
+        t = self._ticket
+        if t is None or t.generation != gen:
+            t = Admission(self.deployment_id, gen, probe=False)
+            if generation is None:
+                self._ticket = t
+        return t
 
     def retry_at(self) -> float | None:
         """When an open breaker will admit a probe (wall-clock seconds), else None."""
