@@ -30,6 +30,9 @@ Variants (all against the same simulator deployments, group ``primary`` with two
 - ``direct``: the default ``ResilientRouter`` (direct dispatch), for reference;
 - ``stub`` / ``router+stub``: profile_overhead.py's stub Router (answers a captured response) alone
   and under ``ResilientRouter(dispatch: router)``: the difference is the plugin's own work.
+- ``direct+stub``: the default ``ResilientRouter`` (direct dispatch) with ``litellm.acompletion``
+  swapped for the same stub during each call: the plugin's own work plus the Router's shaping of
+  the request that a direct attempt reproduces (against ``stub``).
 
     python benchmarks/instructions.py [--calls 30] [--stub-calls 1000] [--rounds 2] [--concurrency 1]
                                       [--variants bare,router,...] [--out PATH]
@@ -75,6 +78,7 @@ VARIANTS = (
     "direct",
     "stub",
     "router+stub",
+    "direct+stub",
 )
 ATTEMPT_TIMEOUT = 30.0  # the policy's default attempt timeout
 CONNECT_TIMEOUT = 5.0
@@ -128,7 +132,7 @@ async def systems(base_url: str, names: list[str]) -> tuple[dict[str, Call], lis
     calls: dict[str, Call] = {}
     closers: list[Any] = []
     stub: Any = None
-    if {"stub", "router+stub"} & set(names):  # one real response, replayed by the stub
+    if {"stub", "router+stub", "direct+stub"} & set(names):  # one real response, replayed by the stub
         try:
             from profile_overhead import StubRouter
         except ImportError:  # pragma: no cover
@@ -142,7 +146,7 @@ async def systems(base_url: str, names: list[str]) -> tuple[dict[str, Call], lis
                 return await bare.acompletion(model="primary", messages=MSG, **more())
 
             calls[name] = call
-        elif name in ("stub", "router+stub"):
+        elif name in ("stub", "router+stub", "direct+stub"):
             calls[name] = stub_call(name, sim, stub, closers)
         elif name.startswith("inner"):
             router, _ = build("resilient-router", sim)
@@ -178,6 +182,23 @@ def stub_call(name: str, sim: _Sim, stub: Any, closers: list[Any]) -> Call:
             return await stub.acompletion(model="primary", messages=MSG)
 
         return alone
+    if name == "direct+stub":
+        import litellm
+
+        router, _ = build("resilient", sim)
+        closers.append(router)
+
+        async def send(**kwargs: Any) -> Any:  # what the direct dispatcher calls
+            return await stub.acompletion(**kwargs)
+
+        async def direct() -> Any:
+            real, litellm.acompletion = litellm.acompletion, send
+            try:
+                return await router.acompletion(model="primary", messages=MSG)
+            finally:
+                litellm.acompletion = real
+
+        return direct
     router, call = build("resilient-router", sim)
     closers.append(router)
     stubbed(router, stub)
