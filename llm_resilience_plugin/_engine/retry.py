@@ -195,6 +195,11 @@ class GroupRetryState:
         exc = retry_state.outcome.exception() if retry_state.outcome else None
         retry_number = retry_state.attempt_number
         delay = backoff_delay(self.policy.backoff, retry_number, self.rng)
+        if self._our_storm(exc):
+            # This 429's hold refused several of our concurrent requests: our demand is beyond the
+            # deployment, and the router gave its siblings the same share. Fail over at once.
+            self.shed = "a 429 storm of our own (several of our requests refused at once): failing over"
+            return delay
         if self.fresh_elsewhere is not None and self.fresh_elsewhere():
             delay = 0.0  # the retry goes to another healthy deployment: nothing to back off from
         if isinstance(exc, AttemptFailed) and self.policy.backoff.respect_retry_after:
@@ -227,6 +232,18 @@ class GroupRetryState:
                     hold = self.spread_hold(hold, min(most, self.deadline.remaining() / 2))
                 delay = max(delay, hold)
         return delay
+
+    def _our_storm(self, exc: BaseException | None) -> bool:
+        """Is ``exc`` a 429 from a deployment whose current hold refused several of our
+        concurrent requests, with a fallback to go to (see _engine.holds)?"""
+        return (
+            self.has_fallback
+            and self.holds is not None
+            and isinstance(exc, AttemptFailed)
+            and exc.failure.error_class is ErrorClass.RATE_LIMIT
+            and exc.deployment_id is not None
+            and self.holds.crowded(exc.deployment_id)
+        )
 
     def stop(self, retry_state: tenacity.RetryCallState) -> bool:
         if self.shed is not None:
