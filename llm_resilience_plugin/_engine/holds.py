@@ -12,8 +12,8 @@ in flight together) and answered some of ours since it began is *saturated*: the
 serves part of our concurrent demand and refuses the rest, a rate limit of our own making (a 429
 storm), not an incident. Queueing behind it cannot help - the demand that filled it comes back
 with the waiters - so it admits no waiting call, and the calls already waiting are woken to fail
-over (:meth:`HoldQueue.wakeup`). So is a group whose every deployment (two or more) refused
-more than one of our concurrent requests in its current hold (see :mod:`._engine.overload`): the
+over (:meth:`HoldQueue.wakeup`). So is a group of two or more whose every deployment is held
+while one refused more than one of our concurrent requests (see :mod:`._engine.overload`): the
 router spreads our load evenly, so our own demand saturates them together, while an incident
 rarely hits all of them in the same instant. A lone deployment that refuses everything (an
 incident, even one met by several concurrent calls) keeps the queue above: the call waits.

@@ -28,13 +28,14 @@ def fresh_elsewhere(engine: Engine, call: CallState, group: str) -> bool:
 def overloaded(engine: Engine, call: CallState, group: str) -> bool:
     """Are ``group``'s Retry-After holds our own load (among the deployments this call may use)?
     Yes when every held one is saturated (it refused several of our concurrent requests while
-    answering others), or when two or more are held and each refused several of ours at once.
-    Waiting for such a hold cannot help: the call fails over."""
+    answering others), or when two or more are held and one of them refused several of ours at
+    once (the whole group refusing together, our overflow evident on one: the router spreads our
+    load evenly). Waiting for such a hold cannot help: the call fails over."""
     now = engine.clock.wall()
     holds = engine.hold_queue
     held = [d for d in engine.admissible(call, group, now) if engine.breakers[d].held_for(now) > 0]
     if not held:
         return False
-    if len(held) >= 2 and all(holds.crowded(d) for d in held):
+    if len(held) >= 2 and any(holds.crowded(d) for d in held):
         return True
     return all(holds.saturated(d) for d in held)

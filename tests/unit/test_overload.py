@@ -78,14 +78,14 @@ async def test_waiting_calls_are_woken_when_a_hold_turns_crowded_or_saturated() 
     q.forget(again)
 
 
-def test_a_group_whose_every_deployment_refuses_several_at_once_is_our_load() -> None:
+def test_a_group_refusing_together_with_several_refused_at_once_is_our_load() -> None:
     engine, _, _ = _engine({})
     call = _call(engine)
-    for dep in ("a", "a", "b"):
+    for dep in ("a", "b"):
         _refuse(engine, dep)
-    assert not overloaded(engine, call, "primary")  # b refused one: maybe an incident
+    assert not overloaded(engine, call, "primary")  # one each: maybe an incident
     _refuse(engine, "b")
-    assert overloaded(engine, call, "primary")  # both refused several of ours at once
+    assert overloaded(engine, call, "primary")  # the whole group refusing, b several at once
 
 
 async def test_a_storm_of_our_own_fails_over_at_once_instead_of_waiting() -> None:
@@ -104,7 +104,7 @@ async def test_a_storm_of_our_own_fails_over_at_once_instead_of_waiting() -> Non
 
 async def test_a_rate_limit_incident_is_still_waited_out_on_the_group_asked_for() -> None:
     engine, _, clock = _engine({"primary": [("a", "from a")], "backup": [("c", "from backup")]})
-    for dep in ("a", "b", "a"):  # b refused one of ours, a two; neither answered any
+    for dep in ("a", "b"):  # one of ours refused by each, none answered
         _refuse(engine, dep)
     call = _call(engine)
     assert not overloaded(engine, call, "primary")
@@ -178,3 +178,15 @@ async def test_a_429_from_the_simulator_shape_carries_its_hold() -> None:
     assert resp.choices[0].message.content == "from b"  # the sibling, at once: it holds nothing
     assert clock.slept == [0.0]
     assert engine.breakers["a"].held_for() > 0
+
+
+async def test_a_429_from_a_crowded_hold_fails_over_instead_of_trying_the_sibling() -> None:
+    engine, disp, clock = _engine(
+        {"primary": [("a", _rate_limited(1)), ("b", "from b")], "backup": [("c", "from backup")]}
+    )
+    _refuse(engine, "a")  # another call's request, in flight with this one, refused first
+    call = _call(engine)
+    resp = await walk_routes(engine, call, "primary", MSG, {})
+    assert resp.choices[0].message.content == "from backup"  # b has the same share of our load
+    assert disp.sent == [("primary", "a"), ("backup", "c")]
+    assert clock.slept == []
