@@ -13,10 +13,11 @@ serves part of our concurrent demand and refuses the rest, a rate limit of our o
 storm), not an incident. Queueing behind it cannot help - the demand that filled it comes back
 with the waiters - so it admits no waiting call, and the calls already waiting are woken to fail
 over (:meth:`HoldQueue.wakeup`). So is a group of two or more whose every deployment is held
-while one refused more than one of our concurrent requests (see :mod:`._engine.overload`): the
-router spreads our load evenly, so our own demand saturates them together, while an incident
-rarely hits all of them in the same instant. A lone deployment that refuses everything (an
-incident, even one met by several concurrent calls) keeps the queue above: the call waits.
+after refusing requests of more than one of our calls at once (see :mod:`._engine.overload`):
+the router spreads our load evenly, so our own demand saturates them together, while an incident
+rarely hits all of them in the same instant (and one call refused by each in turn is no load).
+A lone deployment that refuses everything (an incident, even one met by several concurrent
+calls) keeps the queue above: the call waits.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ class HoldQueue:
         self._answers: dict[str, deque[float]] = {}
         self._held: dict[str, tuple[float, float]] = {}  # deployment -> (hold start, hold end)
         self._waiting: dict[str, tuple[float | None, int]] = {}  # deployment -> (hold start, waiting)
-        self._refused: dict[str, tuple[float, int]] = {}  # deployment -> (hold start, its 429s)
+        # deployment -> (hold start, its 429s, the call its first 429 refused)
+        self._refused: dict[str, tuple[float, int, str | None]] = {}
         self._wakeups: set[asyncio.Future[None]] = set()  # calls waiting out a hold, to wake
         self._lock = threading.Lock()
 
@@ -52,24 +54,33 @@ class HoldQueue:
         if self._wakeups and self.saturated(dep):  # only while some call waits out a hold
             self._wake()
 
-    def held(self, dep: str, now: float, seconds: float) -> None:
-        """``dep`` asked for ``seconds`` of rest at ``now``; a hold still running keeps its start
-        (and counts this refusal as one more of that hold)."""
+    def held(self, dep: str, now: float, seconds: float, caller: str | None = None) -> None:
+        """``dep`` refused a request of call ``caller``, asking for ``seconds`` of rest at ``now``;
+        a hold still running keeps its start (and counts this refusal as one more of it)."""
         with self._lock:
             start, end = self._held.get(dep, (now, 0.0))
             start = start if now < end else now
             self._held[dep] = (start, max(end, now + seconds))
-            known, refused = self._refused.get(dep, (None, 0))
-            self._refused[dep] = (start, refused + 1 if known == start else 1)
-        if self._wakeups and self.crowded(dep):  # waiting calls look again (see overload)
+            known, refused, first = self._refused.get(dep, (None, 0, None))
+            if known == start:
+                self._refused[dep] = (start, refused + 1, first)
+            else:
+                self._refused[dep] = (start, 1, caller)
+        if self._wakeups:  # the waiting calls look again: is their group our own load now?
             self._wake()
+
+    def refused_first(self, dep: str) -> str | None:
+        """The call whose request ``dep``'s current hold refused first (None: no hold, unknown)."""
+        hold = self._held.get(dep)
+        known, _, first = self._refused.get(dep, (None, 0, None))
+        return first if hold is not None and known == hold[0] else None
 
     def crowded(self, dep: str) -> bool:
         """Did ``dep``'s current hold refuse more than one of our requests (sent together)?"""
         hold = self._held.get(dep)
         if hold is None:
             return False
-        known, refused = self._refused.get(dep, (None, 0))
+        known, refused, _ = self._refused.get(dep, (None, 0, None))
         return known == hold[0] and refused >= SATURATING_REFUSALS
 
     def saturated(self, dep: str) -> bool:

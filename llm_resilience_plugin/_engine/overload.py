@@ -28,14 +28,19 @@ def fresh_elsewhere(engine: Engine, call: CallState, group: str) -> bool:
 def overloaded(engine: Engine, call: CallState, group: str) -> bool:
     """Are ``group``'s Retry-After holds our own load (among the deployments this call may use)?
     Yes when every held one is saturated (it refused several of our concurrent requests while
-    answering others), or when two or more are held and one of them refused several of ours at
-    once (the whole group refusing together, our overflow evident on one: the router spreads our
-    load evenly). Waiting for such a hold cannot help: the call fails over."""
+    answering others), or when two or more are held and their holds refused requests of more
+    than one of our calls at once (the whole group refusing our concurrent demand together: the
+    router spreads it evenly; one call refused by each in turn is not load). Waiting for such a
+    hold cannot help: the call fails over."""
     now = engine.clock.wall()
     holds = engine.hold_queue
     held = [d for d in engine.admissible(call, group, now) if engine.breakers[d].held_for(now) > 0]
     if not held:
         return False
-    if len(held) >= 2 and any(holds.crowded(d) for d in held):
-        return True
+    if len(held) >= 2:
+        if any(holds.crowded(d) for d in held):
+            return True
+        callers = {holds.refused_first(d) for d in held}
+        if None not in callers and len(callers) >= 2:
+            return True
     return all(holds.saturated(d) for d in held)

@@ -24,9 +24,10 @@ from llm_resilience_plugin.errors import ErrorClass, Failure
 from tests.unit.test_engine_core import MSG, _call, _engine, _err
 
 
-def _refuse(engine: Engine, dep: str, seconds: float = 1.0) -> None:
-    """One of our requests to ``dep`` answered 429 with ``Retry-After: seconds``."""
+def _refuse(engine: Engine, dep: str, seconds: float = 1.0, caller: str = "c1") -> None:
+    """A request of call ``caller`` to ``dep`` answered 429 with ``Retry-After: seconds``."""
     call = _call(engine)
+    call.call_id = caller
     actx = AttemptContext(engine=engine, call=call, group="primary")
     actx.pick(dep)
     actx.sent = True
@@ -63,19 +64,24 @@ def test_one_refusal_while_answering_keeps_the_queue_sized_by_the_answers() -> N
     assert [q.try_wait([("a", 0.7)], 100.3) for _ in range(3)] == [0.7, 0.7, None]
 
 
-async def test_waiting_calls_are_woken_when_a_hold_turns_crowded_or_saturated() -> None:
+async def test_waiting_calls_look_again_at_each_refusal_and_when_a_hold_turns_saturated() -> None:
     q = HoldQueue()
-    fut = q.wakeup()
     q.held("a", 0.0, 1.0)
+    fut = q.wakeup()
+    q.answered("a", -0.1)  # an answer from before the hold: nothing to look at again
     await asyncio.sleep(0)
-    assert not fut.done()  # one refusal: nothing to look at again
-    q.held("a", 0.01, 1.0)  # crowded: the waiting calls check whether their group is our load
+    assert not fut.done()
+    q.held("a", 0.01, 1.0)  # another refusal: the waiting calls check whether it is our load
     await asyncio.wait_for(fut, 1.0)
     q.forget(fut)
     again = q.wakeup()
     q.answered("a", 0.2)  # saturated: they look again
     await asyncio.wait_for(again, 1.0)
     q.forget(again)
+    assert q.refused_first("a") is None  # refusals without a caller named
+    q.held("b", 0.0, 1.0, "call-1")
+    q.held("b", 0.1, 1.0, "call-2")
+    assert q.refused_first("b") == "call-1"
 
 
 def test_a_group_refusing_together_with_several_refused_at_once_is_our_load() -> None:
@@ -83,9 +89,13 @@ def test_a_group_refusing_together_with_several_refused_at_once_is_our_load() ->
     call = _call(engine)
     for dep in ("a", "b"):
         _refuse(engine, dep)
-    assert not overloaded(engine, call, "primary")  # one each: maybe an incident
+    assert not overloaded(engine, call, "primary")  # one call refused by each in turn: no load
     _refuse(engine, "b")
     assert overloaded(engine, call, "primary")  # the whole group refusing, b several at once
+    other, _, _ = _engine({})
+    _refuse(other, "a", caller="x")
+    _refuse(other, "b", caller="y")
+    assert overloaded(other, call, "primary")  # two of our calls refused at once by the group
 
 
 async def test_a_storm_of_our_own_fails_over_at_once_instead_of_waiting() -> None:
