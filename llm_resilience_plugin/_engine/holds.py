@@ -89,7 +89,7 @@ class HoldQueue:
         if not self.crowded(dep):
             return False
         times = self._answers.get(dep)
-        return bool(times) and times[-1] >= self._held[dep][0]
+        return times is not None and len(times) > 0 and times[-1] >= self._held[dep][0]
 
     def wakeup(self) -> asyncio.Future[None]:
         """A future on the running loop, resolved when some hold becomes crowded or saturated (a
