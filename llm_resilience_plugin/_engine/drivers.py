@@ -16,7 +16,7 @@ from typing import Any
 
 import tenacity
 
-from llm_resilience_plugin._engine import attempts
+from llm_resilience_plugin._engine import attempts, overload
 from llm_resilience_plugin._engine.attempt import AttemptContext
 from llm_resilience_plugin._engine.core import CallState, final_error, next_route, wants_static_answer
 from llm_resilience_plugin._engine.degradation import (
@@ -328,6 +328,10 @@ def _group_state(engine: Engine, call: CallState, group: str) -> GroupRetryState
         has_candidates=lambda: _has_candidates(engine, call, group),
         spread_hold=engine.spread_hold,
         hold_slot=lambda: engine.hold_slot(call, group),
+        fresh_elsewhere=lambda: overload.fresh_elsewhere(engine, call, group),
+        overloaded=lambda: overload.overloaded(engine, call, group),
+        holds=engine.hold_queue,
+        cut_short=lambda slept: setattr(call, "next_wait", slept),
     )
 
 

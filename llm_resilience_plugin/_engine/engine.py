@@ -445,7 +445,7 @@ class Engine:
                 b.release(adm)
             if failure.retry_after:
                 b.hold(failure.retry_after)
-                self.hold_queue.held(adm.deployment_id, self.clock.wall(), failure.retry_after)
+                self.hold_queue.held(adm.deployment_id, self.clock.wall(), failure.retry_after, call.call_id)
                 self._hold_until = max(self._hold_until, self.clock.wall() + failure.retry_after)
         if counts:
             self.budgets[group].on_failure()

@@ -18,6 +18,7 @@ from typing import Protocol
 import tenacity
 
 from llm_resilience_plugin._engine.clock import Clock, Deadline
+from llm_resilience_plugin._engine.holds import HoldQueue
 from llm_resilience_plugin.errors import ErrorClass, Failure
 from llm_resilience_plugin.policy import BackoffPolicy, EffectivePolicy, RetryBudgetPolicy
 
@@ -142,6 +143,15 @@ class GroupRetryState:
     # A place in the queue of a held deployment of the group: the seconds to wait, or None when
     # every queue is full (see _engine.holds). None: waiting is not bounded that way.
     hold_slot: Callable[[], float | None] | None = None
+    # Is a deployment of the group free for this call now (closed, unheld, not failed by it)?
+    # Then a retry goes there without a backoff sleep. None: always back off.
+    fresh_elsewhere: Callable[[], bool] | None = None
+    # Are the group's holds our own load (a 429 storm, see _engine.holds)? Then nobody waits for
+    # them, and a call waiting for one is woken (through ``holds``) to fail over.
+    overloaded: Callable[[], bool] | None = None
+    holds: HoldQueue | None = None
+    waiting_hold: bool = False  # the sleep just decided waits out a hold (and may be cut short)
+    cut_short: Callable[[float], None] | None = None  # told the seconds slept of a hold cut short
     retries_by_class: dict[ErrorClass, int] = field(default_factory=dict)
     gave_up_reason: str | None = None
     hold_waited: float = 0.0  # seconds this call has waited for Retry-After holds of the group
@@ -185,6 +195,13 @@ class GroupRetryState:
         exc = retry_state.outcome.exception() if retry_state.outcome else None
         retry_number = retry_state.attempt_number
         delay = backoff_delay(self.policy.backoff, retry_number, self.rng)
+        if self._our_storm(exc):
+            # This 429's hold refused several of our concurrent requests: our demand is beyond the
+            # deployment, and the router gave its siblings the same share. Fail over at once.
+            self.shed = "a 429 storm of our own (several of our requests refused at once): failing over"
+            return delay
+        if self.fresh_elsewhere is not None and self.fresh_elsewhere():
+            delay = 0.0  # the retry goes to another healthy deployment: nothing to back off from
         if isinstance(exc, AttemptFailed) and self.policy.backoff.respect_retry_after:
             ra = exc.failure.retry_after
             # The hold applies to the deployment that sent it; wait only if nothing else is free.
@@ -197,7 +214,9 @@ class GroupRetryState:
                     # calls as the group is likely to take when it lifts (so they come back together).
                     if self.hold_allowance is None:
                         self.hold_allowance = HOLD_MARGIN * hold
-                    if self.hold_waited + hold > self.hold_allowance:
+                    if self.overloaded is not None and self.overloaded():
+                        self.shed = "the group's Retry-After holds are our own load (429 storm): failing over"
+                    elif self.hold_waited + hold > self.hold_allowance:
                         self.shed = "waited out one Retry-After of the group already: failing over"
                     elif self.hold_slot() is None:
                         self.shed = "the group's Retry-After queue is full (overflow): failing over"
@@ -205,6 +224,7 @@ class GroupRetryState:
                         if self.spread_hold is not None:  # with others queued: back over a fifth
                             hold = self.spread_hold(hold, hold * (1.0 + HOLD_SPREAD))  # of the hold
                         self.hold_waited += hold
+                        self.waiting_hold = True
                     return max(delay, hold)
                 if self.spread_hold is not None:  # the calls held together do not all come back at once
                     bound = self.policy.backoff.max_wait_with_fallback
@@ -212,6 +232,18 @@ class GroupRetryState:
                     hold = self.spread_hold(hold, min(most, self.deadline.remaining() / 2))
                 delay = max(delay, hold)
         return delay
+
+    def _our_storm(self, exc: BaseException | None) -> bool:
+        """Is ``exc`` a 429 from a deployment whose current hold refused several of our
+        concurrent requests, with a fallback to go to (see _engine.holds)?"""
+        return (
+            self.has_fallback
+            and self.holds is not None
+            and isinstance(exc, AttemptFailed)
+            and exc.failure.error_class is ErrorClass.RATE_LIMIT
+            and exc.deployment_id is not None
+            and self.holds.crowded(exc.deployment_id)
+        )
 
     def stop(self, retry_state: tenacity.RetryCallState) -> bool:
         if self.shed is not None:
@@ -254,10 +286,40 @@ def build_retrying(
         retry=tenacity.retry_if_exception(state.should_retry),
         wait=state.wait,
         stop=state.stop,
-        sleep=clock.sleep,
+        sleep=lambda seconds: hold_sleep(state, clock, seconds),
         before_sleep=before_sleep,
         reraise=True,
     )
+
+
+async def hold_sleep(state: GroupRetryState, clock: Clock, seconds: float) -> None:
+    """A retry's sleep. One that waits out a Retry-After hold ends early when the group's holds
+    turn out to be our own load (see _engine.holds): the call then fails over instead."""
+    holds, overloaded = state.holds, state.overloaded
+    if not state.waiting_hold or holds is None or overloaded is None:
+        await clock.sleep(seconds)
+        return
+    state.waiting_hold = False
+    started = clock.monotonic()
+    sleeper = asyncio.ensure_future(clock.sleep(seconds))
+    try:
+        while not sleeper.done():
+            wake = holds.wakeup()
+            try:
+                released = overloaded()  # it may have become so before the wakeup was registered
+                if not released:
+                    await asyncio.wait({sleeper, wake}, return_when=asyncio.FIRST_COMPLETED)
+                    released = not sleeper.done() and overloaded()
+            finally:
+                holds.forget(wake)
+                wake.cancel()
+            if released:
+                if state.cut_short is not None:
+                    state.cut_short(clock.monotonic() - started)
+                return
+    finally:
+        if not sleeper.done():
+            sleeper.cancel()
 
 
 def build_sync_retrying(
