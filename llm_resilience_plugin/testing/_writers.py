@@ -219,7 +219,8 @@ async def send_events(
     elif kind == "malformed_chunk":
         events = list(events)
         bad = malformed if behavior.carries_content else MALFORMED_WITHOUT_TEXT
-        events.insert(min(behavior.after_chunks, len(events)), bad)
+        for i in reversed(range(behavior.repeat)):  # one good chunk between two bad ones
+            events.insert(min(behavior.after_chunks + i, len(events)), bad)
     elif kind == "no_done" and done is not None:
         closing = [c for c in closing if c != done]
     if behavior.latency > 0:
