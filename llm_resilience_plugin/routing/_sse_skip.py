@@ -25,6 +25,7 @@ them again). Reached where the plugin holds LiteLLM's ``CustomStreamWrapper`` ov
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import re
@@ -103,37 +104,24 @@ def _finishes(data: Any) -> bool:
     return any(isinstance(c, dict) and c.get("finish_reason") for c in choices)
 
 
-class _Parsed:
-    """An SSE event the skipper already parsed: the SDK's ``ServerSentEvent`` interface, whose
-    ``json()`` returns the parsed value instead of parsing again."""
+@functools.cache
+def parsed_event_type() -> type[Any] | None:
+    """The SDK's ``ServerSentEvent`` with ``json()`` returning a value already parsed (so the SDK
+    does not parse the event again); None if the SDK has no such class (then nothing is skipped)."""
+    try:
+        from openai._streaming import ServerSentEvent
+    except ImportError:  # pragma: no cover - another SDK layout
+        return None
 
-    __slots__ = ("_data", "_event", "_id", "_retry", "_value")
+    class ParsedEvent(ServerSentEvent):
+        def __init__(self, sse: Any, value: Any) -> None:
+            super().__init__(event=sse.event, data=sse.data, id=sse.id, retry=sse.retry)
+            self._value = value
 
-    def __init__(self, sse: Any, value: Any) -> None:
-        self._event = sse.event
-        self._data = sse.data
-        self._id = sse.id
-        self._retry = sse.retry
-        self._value = value
+        def json(self) -> Any:
+            return self._value
 
-    @property
-    def event(self) -> str | None:
-        return self._event  # type: ignore[no-any-return]
-
-    @property
-    def data(self) -> str:
-        return self._data  # type: ignore[no-any-return]
-
-    @property
-    def id(self) -> str | None:
-        return self._id  # type: ignore[no-any-return]
-
-    @property
-    def retry(self) -> int | None:
-        return self._retry  # type: ignore[no-any-return]
-
-    def json(self) -> Any:
-        return self._value
+    return ParsedEvent
 
 
 class EventSkipper:
@@ -143,6 +131,7 @@ class EventSkipper:
     def __init__(self, inner: Any, limit: int = MAX_SKIPPED_EVENTS) -> None:
         self._inner = inner
         self._limit = limit
+        self._parsed = parsed_event_type()
         self.skipped = 0
 
     def iter_bytes(self, iterator: Iterator[bytes]) -> Iterator[Any]:
@@ -171,7 +160,7 @@ class EventSkipper:
                 continue
             if not finished and _finishes(value):
                 finished = True
-            yield _Parsed(sse, value)
+            yield sse if self._parsed is None else self._parsed(sse, value)
         if pending is not None and not finished:
             self._unskip(pending)
 
@@ -196,6 +185,8 @@ def skip_malformed_events(response: Any) -> EventSkipper | None:
         return decoder
     if decoder is None or not hasattr(decoder, "aiter_bytes") or not _unread(inner):
         return None
+    if parsed_event_type() is None:
+        return None
     skipper = EventSkipper(decoder)
     inner._decoder = skipper
     return skipper
@@ -211,4 +202,10 @@ def _unread(stream: Any) -> bool:
     return frame is not None and not gen.ag_running and frame.f_lasti <= 0 and gen.ag_await is None
 
 
-__all__ = ["MAX_SKIPPED_EVENTS", "EventSkipper", "shows_content", "skip_malformed_events"]
+__all__ = [
+    "MAX_SKIPPED_EVENTS",
+    "EventSkipper",
+    "parsed_event_type",
+    "shows_content",
+    "skip_malformed_events",
+]
