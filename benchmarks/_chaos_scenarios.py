@@ -245,7 +245,19 @@ def scenarios(quick: bool = False) -> list[Scenario]:
         ),
         Scenario(
             "malformed",
-            "one invalid-JSON SSE event after 30 of the primary's 60 words",
+            "one invalid-JSON SSE event showing no text (a cut role chunk)"
+            " after 30 of the primary's 60 words",
+            ONE_PRIMARY,
+            TO_FALLBACK,
+            _primary_fault(
+                lambda text: _answering(Fault.malformed_chunk(after_chunks=30, content=False), text)
+            ),
+            consumers=("stream", "lc"),
+            load=paced,
+        ),
+        Scenario(
+            "malformed-text",
+            "one invalid-JSON SSE event that shows text after 30 of the primary's 60 words",
             ONE_PRIMARY,
             TO_FALLBACK,
             _primary_fault(lambda text: _answering(Fault.malformed_chunk(after_chunks=30), text)),

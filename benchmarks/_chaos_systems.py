@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 import llm_resilience_plugin  # noqa: F401  (offline LiteLLM settings first)
 from llm_resilience_plugin import ResilientRouter
-from llm_resilience_plugin.events import BreakerTransition, StreamRestart
+from llm_resilience_plugin.events import AttemptRecord, BreakerTransition, StreamRestart
 
 try:  # run as a script (python benchmarks/x.py) or imported as benchmarks.x
     from _chaos_scenarios import Scenario, answer_text
@@ -110,6 +110,8 @@ class System:
     close: Callable[[], None] = lambda: None
     opened: list[tuple[str, float, str]] = field(default_factory=list)
     """Plugin only: breaker transitions to or from open (deployment id, monotonic time, new state)."""
+    sent: list[tuple[str, float, bool]] = field(default_factory=list)
+    """Plugin only: attempts it sent (deployment id, monotonic time the attempt opened, probe)."""
 
 
 def model_list(sim: Addresses, cell: Cell) -> list[dict[str, Any]]:
@@ -248,14 +250,18 @@ def _plugin(cell: Cell, sim: Addresses) -> System:
         model_list=model_list(sim, cell), fallbacks=cell.scenario.fallbacks, policy=policy
     )
     opened: list[tuple[str, float, str]] = []
+    sent: list[tuple[str, float, bool]] = []
+    wall_to_monotonic = time.time() - time.monotonic()
 
     def on_event(e: Any) -> None:
         if isinstance(e, BreakerTransition) and "open" in (e.new_state, e.old_state):
             opened.append((e.deployment_id, time.monotonic(), e.new_state))
+        elif isinstance(e, AttemptRecord) and e.outcome != "skipped" and e.deployment_id:
+            sent.append((e.deployment_id, e.started_at - wall_to_monotonic, e.probe))
 
     router.subscribe(on_event)
     if cell.consumer != "lc":
-        return System(_direct(cell, router), router.close, opened)
+        return System(_direct(cell, router), router.close, opened, sent)
     from llm_resilience_plugin.langchain import ResilientChatModel
 
     chat = ResilientChatModel(router=router, model=cell.scenario.primary, streaming=True)
@@ -263,7 +269,7 @@ def _plugin(cell: Cell, sim: Addresses) -> System:
     async def lc() -> Outcome:
         return _judge_message(cell, await chat.ainvoke(MSG))
 
-    return System(lc, router.close, opened)
+    return System(lc, router.close, opened, sent)
 
 
 def build(cell: Cell, sim: Addresses) -> System:

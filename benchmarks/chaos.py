@@ -88,9 +88,11 @@ async def _paced(system: System, calls: int, rate: float) -> list[tuple[Outcome,
     return list(await asyncio.gather(*tasks))
 
 
-def sent_while_open(requests: list[Request], opened: list[tuple[str, float, str]]) -> list[float]:
+def sent_while_open(
+    requests: list[Request], opened: list[tuple[str, float, str]]
+) -> list[tuple[float, Request]]:
     """Requests that reached a deployment while the plugin held its breaker open (probes, sent
-    half-open, excluded), as seconds after it opened. One that arrives within OPEN_GRACE of the
+    half-open, excluded), with seconds after it opened. One that arrives within OPEN_GRACE of the
     opening was most likely on its way already (admitted before it), and is not counted."""
     late = []
     for r in requests:
@@ -99,8 +101,32 @@ def sent_while_open(requests: list[Request], opened: list[tuple[str, float, str]
             if dep == r.deployment and t <= r.started_at:
                 state, since = new, t
         if state == "open" and r.started_at - since > OPEN_GRACE:
-            late.append(r.started_at - since)
+            late.append((r.started_at - since, r))
     return late
+
+
+def admitted_while_open(
+    sent: list[tuple[str, float, bool]], opened: list[tuple[str, float, str]]
+) -> list[float]:
+    """Attempts the plugin opened and sent to a deployment whose breaker was open at that moment
+    (probes excluded), as seconds after it opened: an admission bug, measured on the plugin's
+    side (an attempt opens just before its admission), so a request admitted before the breaker
+    opened and slow to reach the simulator is not one."""
+    late = []
+    for dep, at, probe in sent:
+        state, since = "closed", 0.0
+        for d, t, new in opened:
+            if d == dep and t <= at:
+                state, since = new, t
+        if state == "open" and not probe:
+            late.append(at - since)
+    return late
+
+
+def _last_sent_before(sent: list[tuple[str, float, bool]], dep: str, at: float) -> float | None:
+    """The time of the plugin's last attempt to ``dep`` opened at or before ``at``."""
+    times = [t for d, t, _ in sent if d == dep and t <= at]
+    return max(times) if times else None
 
 
 def _metrics(
@@ -124,6 +150,19 @@ def _metrics(
         back = min(after) - healthy_at if after else None
     errors = Counter(o.error for o, _ in results if not o.ok)
     leaks = sent_while_open(reqs, system.opened)
+    admitted = admitted_while_open(system.sent, system.opened)
+    # each request that reached a deployment while open: when the plugin last opened an attempt
+    # there (seconds before the request reached it), to tell a late arrival from a late admission
+    leak_detail = []
+    for after, r in leaks:
+        last = _last_sent_before(system.sent, r.deployment, r.started_at)
+        leak_detail.append(
+            {
+                "after_open_s": round(after, 3),
+                "attempt_opened_before_arrival_s": None if last is None else round(r.started_at - last, 3),
+                "behavior": r.behavior,
+            }
+        )
     return {
         "calls": calls,
         "success_rate": len(ok) / calls,
@@ -135,8 +174,10 @@ def _metrics(
         "observed_after_recovery_s": None if healthy_at is None else end - healthy_at,
         "to_failing": sum(1 for r in reqs if r.behavior != "ok"),
         "billed": sum(1 for r in reqs if r.status == 200),
-        "sent_while_open": len(leaks) if cell.system == "plugin" else None,
-        "sent_while_open_after_s": [round(t, 3) for t in leaks],
+        "sent_while_open": len(admitted) if cell.system == "plugin" else None,
+        "sent_while_open_after_s": [round(t, 3) for t in admitted],
+        "reached_while_open": len(leaks) if cell.system == "plugin" else None,
+        "reached_while_open_detail": leak_detail,
         "breaker_opens": sum(new == "open" for _, _, new in system.opened),
         "errors": dict(errors),
         "restart_markers": dict(Counter(m for o, _ in results for m in o.markers)),

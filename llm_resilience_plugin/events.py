@@ -250,6 +250,7 @@ class CallReport:
     hedged: bool = False
     replayed: bool = False
     stream_restarts: int = 0
+    skipped_stream_events: int = 0  # invalid SSE events dropped in place (the stream went on)
     operation: str = "completion"  # LiteLLM's call: completion (chat), embedding, responses, ...
     # The key, or how to compute it: the content fingerprint is hashed on first read when nothing
     # needed it during the call, so calls without a store, guard or listener never pay for it.
@@ -341,6 +342,7 @@ class CallReport:
             "hedged": self.hedged,
             "replayed": self.replayed,
             "stream_restarts": self.stream_restarts,
+            "skipped_stream_events": self.skipped_stream_events,
             "operation": self.operation,
             "attempts": [a.to_dict() for a in self.attempts],
         }

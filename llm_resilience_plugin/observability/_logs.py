@@ -410,6 +410,8 @@ class RouterEventLogger:
             "request_key": r.call_id,
             "operation": r.operation,
         }
+        if r.skipped_stream_events:
+            out["skipped_stream_events"] = r.skipped_stream_events
         if seen is not None:
             out["metadata"] = seen.metadata
             if seen.tags:

@@ -54,6 +54,7 @@ from llm_resilience_plugin.routing._direct_shaping import RouterPieces, client_k
 from llm_resilience_plugin.routing._direct_usage import UsageAccounting
 from llm_resilience_plugin.routing._dispatch import RouterDispatcher
 from llm_resilience_plugin.routing._hooks import FILTER
+from llm_resilience_plugin.routing._sse_skip import skip_malformed_events
 from llm_resilience_plugin.routing._streams import ResilientStream, StaticStream, prefetch_stream
 
 _ROUTING_HOOKS = ("async_filter_deployments", "async_pre_routing_hook")
@@ -356,7 +357,10 @@ class DirectDispatcher:
                     attempt.sent = True
                     resp = await send(**sent)
                 if call.stream:
-                    return await prefetch_stream(resp)
+                    skipper = skip_malformed_events(resp)  # before the SDK stream is first read
+                    pre = await prefetch_stream(resp)
+                    pre.skipper = skipper
+                    return pre
         except Exception as e:
             if op == CHAT:
                 p.stamp_deployment_num_retries(e, dep)

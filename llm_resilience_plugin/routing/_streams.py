@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from llm_resilience_plugin._engine.core import CallState
     from llm_resilience_plugin._engine.drivers import SyncRunner
     from llm_resilience_plugin._engine.engine import Engine
+    from llm_resilience_plugin.routing._sse_skip import EventSkipper
 
 
 class Prefetched:
@@ -45,6 +46,7 @@ class Prefetched:
         self.stream = stream
         self.buffered = buffered
         self.done = done
+        self.skipper: EventSkipper | None = None  # drops one invalid SSE event in place, if set
 
 
 async def prefetch_stream(stream: Any) -> Prefetched:
@@ -360,6 +362,7 @@ class ResilientStream:
             served_model=self.report.served_model,
             cost=self.report.response_cost,
         )
+        self._count_skips()
         self.report.outcome = "success"
         self.report.usage = self.usage
         self.report.deployment_id = self._actx.picked
@@ -371,6 +374,7 @@ class ResilientStream:
             return
         self._closed = True
         self._abandoned.detach()
+        self._count_skips()
         engine = self._engine
         failure = classify(exc)
         latency = engine.clock.monotonic() - self._t0
@@ -404,8 +408,15 @@ class ResilientStream:
         if self._actx.guard_tokens:
             # Cut short by the caller: the guard settles its estimate (no final usage is known).
             self._actx.settle_guards(None, self.usage, None, billable=True, produced=bool(self.partial_text))
+        self._count_skips()
         self.report.outcome = "cancelled"
         self._engine.emit(self._ctx, self.report)
+
+    def _count_skips(self) -> None:
+        """Invalid SSE events this attempt's stream dropped in place (see :mod:`._sse_skip`)."""
+        skipper = self._pre.skipper
+        if skipper is not None and skipper.skipped:
+            self.report.skipped_stream_events += skipper.skipped
 
     async def aclose(self) -> None:
         """Stop early (the deployment's breaker counts neither success nor failure)."""

@@ -53,7 +53,7 @@ FAULT_KINDS: dict[str, frozenset[str]] = {
     "slow_first_token": frozenset({"seconds"}),
     "stream_cut": frozenset({"after_chunks"}),
     "stream_stall": frozenset({"after_chunks", "seconds"}),
-    "malformed_chunk": frozenset({"after_chunks"}),
+    "malformed_chunk": frozenset({"after_chunks", "content", "repeat"}),
     "no_done": frozenset(),
     "flaky": frozenset({"p", "fault", "seed"}),
 }
@@ -86,6 +86,8 @@ class FaultSpec(BaseModel):
     p: float | None = Field(default=None, ge=0, le=1)
     fault: FaultSpec | None = None
     seed: int | None = None
+    content: bool | None = None
+    repeat: int | None = Field(default=None, ge=1)
 
     @model_validator(mode="after")
     def _arguments_fit_the_kind(self) -> FaultSpec:

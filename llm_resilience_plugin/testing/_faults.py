@@ -40,6 +40,8 @@ class Behavior:
     p: float = 0.0
     fault: Behavior | None = None
     seed: int | None = None
+    carries_content: bool = True  # malformed_chunk: does the invalid event show a text value?
+    repeat: int = 1  # malformed_chunk: how many invalid events (one good chunk between two)
 
     @property
     def name(self) -> str:
@@ -231,9 +233,20 @@ class Fault:
         )
 
     @staticmethod
-    def malformed_chunk(after_chunks: int = 1) -> Behavior:
-        """Insert one invalid-JSON event after ``after_chunks`` chunks (non-stream: bad body)."""
-        return Behavior(kind="malformed_chunk", after_chunks=check_count("after_chunks", after_chunks))
+    def malformed_chunk(after_chunks: int = 1, content: bool = True, repeat: int = 1) -> Behavior:
+        """Insert one invalid-JSON event after ``after_chunks`` chunks (non-stream: bad body);
+        ``content=False`` makes it one that shows no text (a cut role chunk), ``repeat`` inserts
+        that many (one good chunk between two)."""
+        if not isinstance(content, bool):
+            raise ValueError(f"content must be a bool, got {content!r}")
+        if check_count("repeat", repeat) < 1:
+            raise ValueError(f"repeat must be an integer >= 1, got {repeat!r}")
+        return Behavior(
+            kind="malformed_chunk",
+            after_chunks=check_count("after_chunks", after_chunks),
+            carries_content=content,
+            repeat=repeat,
+        )
 
     @staticmethod
     def no_done() -> Behavior:

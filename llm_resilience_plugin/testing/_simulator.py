@@ -97,9 +97,11 @@ Fault kinds (constructors on :class:`Fault`, all returning a frozen :class:`Beha
 ``stream_stall(after_chunks=2, seconds=60)``
     Stream: ``after_chunks`` chunks, then silence for ``seconds`` (then RST).  Non-stream: like
     ``silence(seconds)``.
-``malformed_chunk(after_chunks=1)``
+``malformed_chunk(after_chunks=1, content=True, repeat=1)``
     Stream: after ``after_chunks`` good chunks, one ``data:`` event with invalid JSON, then the
-    rest of the normal stream.  Non-stream: a 200 whose JSON body is truncated.
+    rest of the normal stream (``content=False``: the event shows no text value, a cut role
+    chunk; ``repeat``: that many such events, one good chunk between two).  Non-stream: a 200
+    whose JSON body is truncated.
 ``no_done()``
     Stream: every chunk (content, finish, usage if requested), then a clean end of the body and
     connection close without ``data: [DONE]``.  Non-stream: ordinary ``ok``.

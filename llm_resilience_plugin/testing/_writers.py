@@ -29,6 +29,7 @@ from llm_resilience_plugin.testing._replies import (
 from llm_resilience_plugin.testing._state import MutableRecord
 
 __all__ = [
+    "MALFORMED_WITHOUT_TEXT",
     "Call",
     "abort",
     "format_retry_after",
@@ -153,6 +154,10 @@ async def send_behavior_error(call: Call) -> web.StreamResponse:
     )
 
 
+# ``malformed_chunk(content=False)``'s event in every dialect: invalid JSON that shows no text value
+MALFORMED_WITHOUT_TEXT = b'data: {"id": "broken", "choices": [{"index": 0, "delta": {"role": "assistant"\n\n'
+
+
 async def send_json(call: Call, body: JSONDict) -> web.StreamResponse:
     """A 200 JSON ``body`` after ``latency + ttft`` (cut in half for ``malformed_chunk``)."""
     behavior = call.behavior
@@ -213,7 +218,9 @@ async def send_events(
         events, closing = events[: behavior.after_chunks], []
     elif kind == "malformed_chunk":
         events = list(events)
-        events.insert(min(behavior.after_chunks, len(events)), malformed)
+        bad = malformed if behavior.carries_content else MALFORMED_WITHOUT_TEXT
+        for i in reversed(range(behavior.repeat)):  # one good chunk between two bad ones
+            events.insert(min(behavior.after_chunks + i, len(events)), bad)
     elif kind == "no_done" and done is not None:
         closing = [c for c in closing if c != done]
     if behavior.latency > 0:

@@ -433,6 +433,18 @@ def test_stream_stall_non_stream_is_silence(sim: ProviderSimulator, client: http
     assert sim.requests()[0].behavior == "stream_stall"
 
 
+def test_malformed_chunk_without_text_and_repeated(sim: ProviderSimulator, client: httpx.Client) -> None:
+    sim.script("a", Fault.malformed_chunk(after_chunks=1, content=False, repeat=2))
+    events = sse_events(chat(client, sim, stream=True).text)
+    bad = [i for i, e in enumerate(events) if e.startswith('{"id": "broken"')]
+    assert bad == [1, 3]  # one good chunk between the two
+    assert all('"content"' not in events[i] for i in bad)
+    good = [e for i, e in enumerate(events) if i not in bad]
+    assert good[-1] == "[DONE]" and stream_content(good) == "Hello from a. You said: hello there."
+    with pytest.raises(ValueError, match="repeat"):
+        Fault.malformed_chunk(repeat=0)
+
+
 def test_malformed_chunk(sim: ProviderSimulator, client: httpx.Client) -> None:
     sim.script("a", Fault.malformed_chunk(after_chunks=1), Fault.malformed_chunk())
     text = chat(client, sim, stream=True).text
