@@ -48,7 +48,9 @@ def router(sim: ProviderSimulator) -> Iterator[ResilientRouter]:
             "deadline": 10,
             "attempt_timeout": 5,
             "backoff": {"initial": 0.01, "maximum": 0.05},
-            "breaker": {"fail_max": 3, "reset_timeout": 30},
+            # 429s open a breaker only after their own threshold (default 10); three keeps the
+            # 429-storm cases independent of how many requests six calls happen to send.
+            "breaker": {"fail_max": 3, "reset_timeout": 30, "rate_limit_fail_max": 3},
         },
         clock=FakeClock(),
         seed=3,
