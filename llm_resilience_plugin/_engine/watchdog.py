@@ -90,16 +90,12 @@ class AttemptWatchdog:
         self.task: asyncio.Task[object] = task
         self.expires_at = loop.time() + self._seconds  # loop time
         self._cancelling = task.cancelling()
-        last = _last  # _watchdog(loop) and add(), inline: this runs on every attempt
-        dog = self._dog = last[1] if last is not None and last[0]() is loop else _watchdog(loop)
-        if dog._armed:
-            dog._watches[self] = None
-        else:
-            dog.add(loop, self)
+        dog = self._dog = _watchdog(loop)
+        dog.add(loop, self)
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
-        self._dog._watches.pop(self, None)  # remove(), inline
+        self._dog.remove(self)
         if self._fired and exc_type is asyncio.CancelledError and self.task.uncancel() <= self._cancelling:
             raise TimeoutError(f"{self._what} exceeded {self._seconds:.2f}s") from exc
 

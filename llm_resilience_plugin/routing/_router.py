@@ -454,11 +454,10 @@ class ResilientRouter(EndpointsMixin):
             or (tier.deadline if tier and tier.deadline else None)
             or self.engine.policies[model].deadline
         )
-        clock = self.engine.clock
         ctx = CallState(
             call_id=call_id,
             report=report,
-            deadline=Deadline(clock, clock.monotonic() + budget_s),  # Deadline.after, inline
+            deadline=Deadline.after(self.engine.clock, budget_s),
             stream=stream,
             listener=listener,
             before_retry=before_retry,
