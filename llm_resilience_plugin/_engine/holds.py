@@ -42,7 +42,8 @@ class HoldQueue:
         self._waiting: dict[str, tuple[float | None, int]] = {}  # deployment -> (hold start, waiting)
         # deployment -> (hold start, its 429s, the call its first 429 refused)
         self._refused: dict[str, tuple[float, int, str | None]] = {}
-        self._wakeups: set[asyncio.Future[None]] = set()  # calls waiting out a hold, to wake
+        # Calls waiting out a hold, to wake: a future (async) or an event (a blocking caller).
+        self._wakeups: set[asyncio.Future[None] | threading.Event] = set()
         self._lock = threading.Lock()
 
     def answered(self, dep: str, now: float) -> None:
@@ -100,16 +101,27 @@ class HoldQueue:
             self._wakeups.add(fut)
         return fut
 
-    def forget(self, fut: asyncio.Future[None]) -> None:
-        """Stop tracking ``fut`` (its waiting call slept its hold out, or was woken)."""
+    def wakeup_event(self) -> threading.Event:
+        """The blocking twin of :meth:`wakeup`: an event set on the same occasions, for a
+        caller waiting on its own thread; drop it with :meth:`forget`."""
+        event = threading.Event()
         with self._lock:
-            self._wakeups.discard(fut)
+            self._wakeups.add(event)
+        return event
+
+    def forget(self, wake: asyncio.Future[None] | threading.Event) -> None:
+        """Stop tracking ``wake`` (its waiting call slept its hold out, or was woken)."""
+        with self._lock:
+            self._wakeups.discard(wake)
 
     def _wake(self) -> None:
         with self._lock:
             wake, self._wakeups = self._wakeups, set()
-        for fut in wake:
-            _resolve(fut)
+        for w in wake:
+            if isinstance(w, threading.Event):
+                w.set()
+            else:
+                _resolve(w)
 
     def capacity(self, dep: str) -> int:
         """Calls ``dep`` is likely to take when its hold lifts: the answers it gave since the

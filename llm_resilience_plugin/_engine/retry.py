@@ -332,10 +332,33 @@ def build_sync_retrying(
         retry=tenacity.retry_if_exception(state.should_retry),
         wait=state.wait,
         stop=state.stop,
-        sleep=lambda s: sleep_blocking(clock, s),
+        sleep=lambda s: hold_sleep_blocking(state, clock, s),
         before_sleep=before_sleep,
         reraise=True,
     )
+
+
+def hold_sleep_blocking(state: GroupRetryState, clock: Clock, seconds: float) -> None:
+    """The blocking twin of :func:`hold_sleep`: a wait for a Retry-After hold on the caller's
+    thread also ends early when the group's holds turn out to be our own load. (On a fake clock
+    every sleep is instant: nothing to cut short.)"""
+    holds, overloaded = state.holds, state.overloaded
+    if not state.waiting_hold or holds is None or overloaded is None or type(clock).sleep is not Clock.sleep:
+        sleep_blocking(clock, seconds)
+        return
+    state.waiting_hold = False
+    started = clock.monotonic()
+    end = started + seconds
+    while (left := end - clock.monotonic()) > 0:
+        wake = holds.wakeup_event()
+        try:
+            released = overloaded() or (wake.wait(left) and overloaded())
+        finally:
+            holds.forget(wake)
+        if released:
+            if state.cut_short is not None:
+                state.cut_short(clock.monotonic() - started)
+            return
 
 
 def sleep_blocking(clock: Clock, seconds: float) -> None:

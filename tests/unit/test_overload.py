@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
+import time
 from typing import Any
 
 import httpx
@@ -19,7 +21,7 @@ from llm_resilience_plugin._engine.drivers import walk_routes
 from llm_resilience_plugin._engine.engine import Engine
 from llm_resilience_plugin._engine.holds import HoldQueue
 from llm_resilience_plugin._engine.overload import fresh_elsewhere, overloaded
-from llm_resilience_plugin._engine.retry import GroupRetryState, hold_sleep
+from llm_resilience_plugin._engine.retry import GroupRetryState, hold_sleep, hold_sleep_blocking
 from llm_resilience_plugin.errors import ErrorClass, Failure
 from tests.unit.test_engine_core import MSG, _call, _engine, _err
 
@@ -157,6 +159,67 @@ async def test_a_call_waiting_out_a_hold_is_released_when_it_turns_out_to_be_our
     await asyncio.wait_for(waiting, 1.0)
     assert len(slept) == 1 and slept[0] < 1.0  # the record says how long it really waited
     assert not state.waiting_hold
+
+
+def test_a_blocking_call_waiting_out_a_hold_is_released_when_it_turns_out_to_be_our_load() -> None:
+    """The sync twin: a caller sleeping out a hold on its own thread is woken the same way."""
+    engine, _, _ = _engine({})
+    clock = Clock()
+    holds = HoldQueue()
+    slept: list[float] = []
+    holds.held("a", clock.wall(), 30.0)
+    state = GroupRetryState(
+        policy=engine.policies["primary"],
+        budget=engine.budgets["primary"],
+        deadline=Deadline.after(clock, 60.0),
+        rng=random.Random(1),
+        earliest_free=lambda: 30.0,
+        overloaded=lambda: holds.saturated("a"),
+        holds=holds,
+        waiting_hold=True,
+        cut_short=slept.append,
+    )
+    sleeper = threading.Thread(target=hold_sleep_blocking, args=(state, clock, 30.0))
+    t0 = time.monotonic()
+    sleeper.start()
+    while not holds._wakeups:  # the sleeper is waiting on its event
+        time.sleep(0.001)
+    holds.held("a", clock.wall(), 30.0)  # a second refusal: crowded, not yet our load
+    holds.answered("a", clock.wall())  # and an answer to another request of ours: saturated
+    sleeper.join(5.0)
+    assert not sleeper.is_alive()
+    assert time.monotonic() - t0 < 5.0  # not the 30 s hold
+    assert len(slept) == 1 and slept[0] < 5.0
+    assert not holds._wakeups and not state.waiting_hold
+
+
+def test_a_blocking_hold_wait_that_is_not_our_load_sleeps_it_out() -> None:
+    """A wake that leaves the group not overloaded (one refusal, no answer) keeps the caller waiting."""
+    engine, _, _ = _engine({})
+    clock = Clock()
+    holds = HoldQueue()
+    holds.held("a", clock.wall(), 0.2)
+    cut: list[float] = []
+    state = GroupRetryState(
+        policy=engine.policies["primary"],
+        budget=engine.budgets["primary"],
+        deadline=Deadline.after(clock, 10.0),
+        rng=random.Random(1),
+        earliest_free=lambda: 0.2,
+        overloaded=lambda: holds.saturated("a"),
+        holds=holds,
+        waiting_hold=True,
+        cut_short=cut.append,
+    )
+    sleeper = threading.Thread(target=hold_sleep_blocking, args=(state, clock, 0.2))
+    t0 = time.monotonic()
+    sleeper.start()
+    while not holds._wakeups:
+        time.sleep(0.001)
+    holds.held("b", clock.wall(), 1.0)  # another deployment's refusal wakes it: not our load
+    sleeper.join(5.0)
+    assert not sleeper.is_alive()
+    assert time.monotonic() - t0 >= 0.19 and not cut
 
 
 async def test_a_retry_moving_to_another_healthy_deployment_takes_no_backoff() -> None:
