@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import contextvars
 import copy
+import functools
 import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
@@ -516,10 +517,11 @@ class ResilientRunnable(Runnable[Input, Output]):
                 relay.parts.append(_text_of(chunk))
                 yield chunk
             if rest is not None:
-                while True:
+                while True:  # each wait bounded as in _atransform, where a helper thread can bound it
+                    bound = max(0.001, min(self.attempt_timeout, call.deadline.remaining()))
                     with sink.scope():
                         try:
-                            chunk = next(rest)
+                            chunk = self.run_sync_attempt(functools.partial(next, rest), bound)
                         except StopIteration:
                             break
                     relay.parts.append(_text_of(chunk))
@@ -657,9 +659,9 @@ def resilient(
             ``retry_on`` matches: 2).
         deadline: total seconds per call, every attempt and sleep included.
         attempt_timeout / first_chunk_timeout: seconds per attempt / to a stream's first chunk.
-            Enforced on the async paths; sync attempts run inline and cannot be interrupted
-            unless ``enforce_sync_timeout=True`` (each attempt then runs on a helper thread,
-            abandoned when it overruns).
+            Enforced on the async paths; sync attempts (and a sync stream's wait for each chunk)
+            run inline and cannot be interrupted unless ``enforce_sync_timeout=True`` (each then
+            runs on a helper thread, abandoned when it overruns).
         name: the step's name: breaker id, run name ``Resilient[<name>]``, event model_group.
         clock / seed: for tests (``FakeClock`` makes backoff sleeps instant).
         listener: receives every event (also via :meth:`ResilientRunnable.subscribe`).

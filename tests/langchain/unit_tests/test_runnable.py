@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -323,6 +324,31 @@ def test_stream_failure_after_the_first_chunk_is_not_spliced() -> None:
     assert got == ["a", "b"] and len(starts) == 1
     assert ei.value.partial_text == "ab" and isinstance(ei.value.cause, ConnectionError)
     assert ei.value.report is not None and ei.value.report.outcome == "failure"
+
+
+def test_sync_stream_chunk_wait_is_bounded_with_enforce_sync_timeout() -> None:
+    """A sync stream that stalls after its first chunk ends at the attempt timeout (as astream
+    does), when sync waits may run on a helper thread."""
+    release = threading.Event()
+
+    def gen(inputs: Iterator[Any]) -> Iterator[Any]:
+        list(inputs)
+        yield "a"
+        release.wait(5)  # a stall
+        yield "late"
+
+    step = resilient(RunnableGenerator(gen), policy=FAST, clock=FakeClock(), attempt_timeout=0.2,
+                     deadline=5, enforce_sync_timeout=True)  # fmt: skip
+    got: list[str] = []
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(StreamInterruptedError) as ei:
+            for c in step.stream("q"):
+                got.append(c)
+    finally:
+        release.set()
+    assert time.monotonic() - t0 < 2.0 and got == ["a"]
+    assert ei.value.report is not None and ei.value.report.error_class is ErrorClass.TIMEOUT
 
 
 async def test_astream_retried_before_and_not_after_the_first_chunk() -> None:
