@@ -47,7 +47,7 @@ from llm_resilience_plugin._engine.core import CallOptions, CallState, DeadlineS
 from llm_resilience_plugin._engine.drivers import walk_routes, walk_routes_sync
 from llm_resilience_plugin._engine.engine import Engine
 from llm_resilience_plugin._engine.retry import RetryBudget
-from llm_resilience_plugin.errors import CircuitOpenError, ErrorClass, Failure, StreamInterruptedError
+from llm_resilience_plugin.errors import ErrorClass, Failure, StreamInterruptedError
 from llm_resilience_plugin.events import CallReport, DeploymentInfo, Listener
 from llm_resilience_plugin.langchain._bridge import EventSink, config_deadline, forward_breaker
 from llm_resilience_plugin.policy import EffectivePolicy, ResiliencePolicy, build_policy
@@ -137,14 +137,11 @@ class _RunnableDispatcher:
         self.owner = owner
 
     def _admit(self, attempt: AttemptContext) -> _Run:
+        """The step is the group's one deployment: the engine's deployment filter admits it (a
+        closed breaker, a half-open probe) or raises :class:`CircuitOpenError`."""
         run: _Run = attempt.call.context
-        owner = self.owner
         with run.sink.scope():
-            adm = owner.breaker.admit()
-        if adm is None:
-            raise CircuitOpenError(owner.step, [owner.step])
-        attempt.admission = adm
-        attempt.picked = owner.step
+            attempt.select([{"model_info": {"id": self.owner.step}}])
         attempt.sent = True
         return run
 
