@@ -15,6 +15,7 @@ from llm_resilience_plugin._engine.core import (
     Served,
     attempt_timeouts,
 )
+from llm_resilience_plugin._engine.dispatch import SyncDispatcher
 from llm_resilience_plugin._engine.engine import Engine
 from llm_resilience_plugin._engine.retry import AttemptFailed
 from llm_resilience_plugin._engine.taxonomy import classify
@@ -177,8 +178,9 @@ def attempt_sync(
 ) -> Any:
     """The blocking twin of :func:`attempt`, on the caller's thread (a dispatcher with
     ``send_sync``); an interrupt or a generator's close counts as a cancellation."""
-    dispatcher: Any = engine.dispatcher
-    assert dispatcher is not None, "an engine needs a dispatcher before its first call"
+    dispatcher = engine.dispatcher
+    if not isinstance(dispatcher, SyncDispatcher):
+        raise TypeError(f"blocking attempts need a SyncDispatcher (with send_sync), not {dispatcher!r}")
     actx, timeout_s, bound, started_wall, wait_before = begin(engine, call, group, level)
     t0 = engine.clock.monotonic()
     try:

@@ -17,7 +17,7 @@ streams.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 # The operations and the keyword that carries each one's payload (the engine's ``messages``).
 PAYLOAD_KEYS: dict[str, str] = {
@@ -76,4 +76,22 @@ class Dispatcher(Protocol):
 
     async def discard(self, result: Any) -> None:
         """Close a result nobody will read (the loser of a hedge)."""
+        ...
+
+
+@runtime_checkable
+class SyncDispatcher(Dispatcher, Protocol):
+    """A dispatcher that can also send an attempt on the caller's thread (the sync driver's
+    seam: LangChain sync runnables, whose attempts must run where the caller runs)."""
+
+    def send_sync(
+        self,
+        attempt: AttemptContext,
+        messages: list[dict[str, Any]],
+        kwargs: dict[str, Any],
+        *,
+        timeout_s: float,
+        bound: float,
+    ) -> Any:
+        """The blocking twin of :meth:`Dispatcher.send`."""
         ...

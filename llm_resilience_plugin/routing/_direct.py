@@ -403,13 +403,6 @@ class DirectDispatcher:
         """Close a result nobody will read (the loser of a hedge)."""
         await self.via_router.discard(result)
 
-    def __getattr__(self, name: str) -> Any:
-        """Any other operation of the seam (one this dispatcher does not reproduce) is the
-        Router dispatcher's."""
-        if name.startswith("__") or name == "via_router":
-            raise AttributeError(name)
-        return getattr(self.via_router, name)
-
 
 def _no_alias(model: str) -> str | None:
     return None
