@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import threading
 import time
 import uuid
@@ -39,7 +38,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from llm_resilience_plugin.errors import BudgetExceededError, ConfigError
+from llm_resilience_plugin.errors import BudgetExceededError
 
 NANO = 1_000_000_000
 REAPED_MEMORY = 86400.0  # seconds a reaped reservation is remembered, so a late settle replaces it
@@ -580,45 +579,6 @@ class MemoryLedger(Ledger):
             self._reap(now)
 
 
-# -- SQLite ---------------------------------------------------------------------------------------
-
-
-def open_ledger(spec: Ledger | str | os.PathLike[str] | None) -> Ledger:
-    """A ledger from ``None``/``"memory"`` (in memory), ``"sqlite:///path/to/spend.db"``
-    (``sqlite:////abs/path`` for an absolute path), a plain ``*.db``/``*.sqlite`` path,
-    ``"redis://host:6379/0"`` (:class:`~llm_resilience_plugin.cost.RedisLedger`), or a
-    :class:`Ledger` instance."""
-    if spec is None:
-        return MemoryLedger()
-    if isinstance(spec, Ledger):
-        return spec
-    from llm_resilience_plugin.cost._sqlite_ledger import SQLiteLedger  # imports this module
-
-    if isinstance(spec, os.PathLike):
-        return SQLiteLedger(spec)
-    if not isinstance(spec, str):
-        raise ConfigError(
-            "ledger",
-            f"expected 'memory', 'sqlite:///path.db' or a Ledger instance, got {type(spec).__name__}",
-        )
-    if spec in ("memory", "memory://", ":memory:"):
-        return MemoryLedger()
-    if spec.startswith("sqlite:///"):
-        return SQLiteLedger(spec[len("sqlite:///") :])
-    if spec.startswith(("redis://", "rediss://", "unix://")):
-        # Imported here: the Redis ledger module builds on this one (and needs the redis extra to run).
-        from llm_resilience_plugin.cost._redis_ledger import RedisLedger
-
-        return RedisLedger(spec)
-    if spec.endswith((".db", ".sqlite", ".sqlite3")):
-        return SQLiteLedger(spec)
-    raise ConfigError(
-        "ledger",
-        f"unknown ledger {spec!r}; use 'memory', 'sqlite:///path/to/spend.db', 'redis://host:6379' "
-        "or a Ledger instance",
-    )
-
-
 __all__ = [
     "NANO",
     "REAPED_MEMORY",
@@ -631,7 +591,6 @@ __all__ = [
     "SpendReport",
     "from_nano",
     "log_reaped",
-    "open_ledger",
     "reaped_entry",
     "refusal",
 ]

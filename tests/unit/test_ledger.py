@@ -30,9 +30,9 @@ from llm_resilience_plugin.cost._ledger import (
     MemoryLedger,
     SpendEntry,
     from_nano,
-    open_ledger,
     to_nano,
 )
+from llm_resilience_plugin.cost._open import open_ledger
 from llm_resilience_plugin.cost._sqlite_ledger import SQLiteLedger
 
 ROOT = str(Path(llm_resilience_plugin.__file__).parent.parent)
