@@ -194,3 +194,19 @@ class Failure:
     def counts_against_deployment(self) -> bool:
         """Whether this failure is evidence that the deployment is unhealthy."""
         return self.error_class not in CALLER_ERRORS and self.error_class is not (ErrorClass.CIRCUIT_OPEN)
+
+
+# The public names; CALLER_ERRORS and as_provider_error serve the package itself.
+__all__ = [
+    "AllRoutesFailedError",
+    "BudgetExceededError",
+    "CircuitOpenError",
+    "ConfigError",
+    "DeadlineExceededError",
+    "ErrorClass",
+    "Failure",
+    "LoadShedError",
+    "ResilienceError",
+    "StreamInterruptedError",
+    "UnknownModelGroupError",
+]

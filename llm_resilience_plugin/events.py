@@ -475,3 +475,25 @@ class EventBus:
             logger.debug(
                 event_name(event), extra={"llm_event": event_dict(event), "llm_event_name": event_name(event)}
             )
+
+
+# The public names; the helpers above (usage_of, attach_report, ...) serve the package itself.
+__all__ = [
+    "AttemptGuard",
+    "AttemptInfo",
+    "AttemptRecord",
+    "BreakerTransition",
+    "CallReport",
+    "CallStarted",
+    "DeploymentInfo",
+    "Event",
+    "EventBus",
+    "FallbackTaken",
+    "HedgeSent",
+    "Listener",
+    "Outcome",
+    "RetryScheduled",
+    "StreamRestart",
+    "event_dict",
+    "event_name",
+]
