@@ -117,3 +117,15 @@ def test_docs_import_only_listed_names() -> None:
 
 def test_package_is_typed() -> None:
     assert (Path(llm_resilience_plugin.__file__).parent / "py.typed").is_file()
+
+
+def test_version_comes_from_the_installed_metadata(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.metadata
+
+    assert llm_resilience_plugin.__version__ == importlib.metadata.version("llm-resilience-plugin")
+
+    def missing(name: str) -> str:
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", missing)
+    assert llm_resilience_plugin._version() == "0+unknown"  # a source tree without metadata
