@@ -1,8 +1,9 @@
-"""Error taxonomy: every exception LiteLLM, openai, httpx and aiohttp raise is classified once here.
+"""The plugin's exceptions, the error classes (:class:`ErrorClass`) and :class:`Failure`.
 
-The router acts on the class, never on exception types, so a new provider quirk is fixed in one
-place. The class -> action table lives in :mod:`llm_resilience_plugin.policy` (``classes``) and in
-README ("Error classes").
+Every exception LiteLLM, openai, httpx and aiohttp raise is mapped to a class once, in the
+engine's taxonomy; the router acts on the class, never on exception types, so a new provider quirk
+is fixed in one place. The class -> action table lives in :mod:`llm_resilience_plugin.policy`
+(``classes``) and in docs/policy.md ("Error classes and actions").
 """
 
 from __future__ import annotations

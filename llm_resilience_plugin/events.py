@@ -1,7 +1,8 @@
 """Structured records: one per attempt, one per call, one per breaker transition and retry.
 
-Records are plain frozen dataclasses with ``to_dict()`` (JSON-safe, no secrets, no message
-content). Listeners subscribe on the router; the ``llm_resilience`` logger gets every record too.
+Records are frozen dataclasses, except :class:`CallReport`, which the call fills in as it runs;
+:func:`event_dict` gives any of them as a JSON-safe dict (no secrets, no message content).
+Listeners subscribe on the router; the ``llm_resilience`` logger gets every record too.
 """
 
 from __future__ import annotations

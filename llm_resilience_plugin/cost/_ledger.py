@@ -20,9 +20,11 @@ it at its reserved amount (the request may have been sent and billed), logged as
 reservation's own settle or release arrives after all, it replaces that estimate (the reaped
 entry is taken back) for :data:`REAPED_MEMORY` seconds after the reaping.
 
-:class:`MemoryLedger` (one process) and :class:`SQLiteLedger` (WAL, ``BEGIN IMMEDIATE``: atomic
-across threads and processes on one machine, survives restarts) implement it; a Redis backend
-implements the same abstract methods (a Lua script for ``reserve``/``settle``/``release``).
+This module holds the interface, the records and :class:`MemoryLedger` (one process). The other
+backends build on it in their own modules: ``SQLiteLedger`` in ``_sqlite_ledger`` (WAL, ``BEGIN
+IMMEDIATE``: atomic across threads and processes on one machine, survives restarts) and
+``RedisLedger`` in ``_redis_ledger`` (a Lua script for ``reserve``/``settle``/``release``);
+``open_ledger`` (``_open``) picks one from a spec.
 """
 
 from __future__ import annotations
