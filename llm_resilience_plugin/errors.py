@@ -100,13 +100,40 @@ class LoadShedError(ResilienceError):
 
 
 class BudgetExceededError(ResilienceError):
-    """A reservation did not fit a budget; raised before any request is sent."""
+    """A reservation did not fit a budget; raised before any request is sent.
 
-    def __init__(self, budget: str, spent: float, reservation: float, limit: float) -> None:
+    A ledger's refusal also says which budget key refused (``budget_name``, ``scope``,
+    ``window``) and splits ``spent`` into ``settled`` and ``in_flight`` (reservations); each is
+    ``None`` when the error was raised without them."""
+
+    budget_name: str | None
+    scope: str | None
+    window: str | None
+    settled: float | None
+    in_flight: float | None
+
+    def __init__(
+        self,
+        budget: str,
+        spent: float,
+        reservation: float,
+        limit: float,
+        *,
+        budget_name: str | None = None,
+        scope: str | None = None,
+        window: str | None = None,
+        settled: float | None = None,
+        in_flight: float | None = None,
+    ) -> None:
         self.budget = budget
         self.spent = spent
         self.reservation = reservation
         self.limit = limit
+        self.budget_name = budget_name
+        self.scope = scope
+        self.window = window
+        self.settled = settled
+        self.in_flight = in_flight
         super().__init__(
             f"budget {budget!r} exceeded: spent ${spent:.6f} + reservation ${reservation:.6f}"
             f" > limit ${limit:.6f}"

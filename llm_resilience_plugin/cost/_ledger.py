@@ -325,13 +325,17 @@ class SpendReport:
 
 def refusal(key: BudgetKey, spent: int, reserved: int, amount: int) -> BudgetExceededError:
     """The refusal every ledger raises when a reservation does not fit ``key``'s limit."""
-    err = BudgetExceededError(key.label, from_nano(spent + reserved), from_nano(amount), float(key.limit))
-    err.budget_name = key.budget  # type: ignore[attr-defined]
-    err.scope = key.scope  # type: ignore[attr-defined]
-    err.window = key.window  # type: ignore[attr-defined]
-    err.settled = from_nano(spent)  # type: ignore[attr-defined]
-    err.in_flight = from_nano(reserved)  # type: ignore[attr-defined]
-    return err
+    return BudgetExceededError(
+        key.label,
+        from_nano(spent + reserved),
+        from_nano(amount),
+        float(key.limit),
+        budget_name=key.budget,
+        scope=key.scope,
+        window=key.window,
+        settled=from_nano(spent),
+        in_flight=from_nano(reserved),
+    )
 
 
 class Ledger(ABC):

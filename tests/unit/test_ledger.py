@@ -70,6 +70,7 @@ def test_reserve_is_all_or_nothing_over_every_key(ledger: Ledger):
     err = ei.value
     assert (err.budget, err.spent, err.reservation, err.limit) == ("b 2026-01-01", 0.4, 0.2, 0.5)
     assert err.in_flight == 0.4 and err.settled == 0
+    assert (err.budget_name, err.scope, err.window) == ("b", "", "2026-01-01")
     assert usage(ledger, a) == (0, 0.4)  # nothing was added to a
     ledger.settle(r, 0.25)
     assert usage(ledger, a) == (0.25, 0) and usage(ledger, b) == (0.25, 0)
