@@ -19,7 +19,8 @@ from llm_resilience_plugin import _env  # noqa: F401  (must run before litellm i
 
 logging.getLogger("llm_resilience").addHandler(logging.NullHandler())  # a library prints no log itself
 
-__version__ = "0.1.0"
+# The installed distribution's version, read on first access (importlib.metadata costs ~20 ms).
+__version__: str
 
 # The one source of truth for the top-level names: name -> the module that defines it.
 # tests/unit/test_exported_members.py keeps __all__, this table and the TYPE_CHECKING block equal.
@@ -60,7 +61,20 @@ __all__ = [
 ]
 
 
+def _version() -> str:
+    """The version of the installed ``llm-resilience-plugin``; ``0+unknown`` in a bare source tree."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("llm-resilience-plugin")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
 def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        globals()[name] = _version()
+        return globals()[name]
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'llm_resilience_plugin' has no attribute {name!r}")
@@ -70,7 +84,7 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+    return sorted({*globals(), *_EXPORTS, "__version__"})
 
 
 if TYPE_CHECKING:

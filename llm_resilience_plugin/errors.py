@@ -1,8 +1,9 @@
-"""Error taxonomy: every exception LiteLLM, openai, httpx and aiohttp raise is classified once here.
+"""The plugin's exceptions, the error classes (:class:`ErrorClass`) and :class:`Failure`.
 
-The router acts on the class, never on exception types, so a new provider quirk is fixed in one
-place. The class -> action table lives in :mod:`llm_resilience_plugin.policy` (``classes``) and in
-README ("Error classes").
+Every exception LiteLLM, openai, httpx and aiohttp raise is mapped to a class once, in the
+engine's taxonomy; the router acts on the class, never on exception types, so a new provider quirk
+is fixed in one place. The class -> action table lives in :mod:`llm_resilience_plugin.policy`
+(``classes``) and in docs/policy.md ("Error classes and actions").
 """
 
 from __future__ import annotations
@@ -99,13 +100,40 @@ class LoadShedError(ResilienceError):
 
 
 class BudgetExceededError(ResilienceError):
-    """A reservation did not fit a budget; raised before any request is sent."""
+    """A reservation did not fit a budget; raised before any request is sent.
 
-    def __init__(self, budget: str, spent: float, reservation: float, limit: float) -> None:
+    A ledger's refusal also says which budget key refused (``budget_name``, ``scope``,
+    ``window``) and splits ``spent`` into ``settled`` and ``in_flight`` (reservations); each is
+    ``None`` when the error was raised without them."""
+
+    budget_name: str | None
+    scope: str | None
+    window: str | None
+    settled: float | None
+    in_flight: float | None
+
+    def __init__(
+        self,
+        budget: str,
+        spent: float,
+        reservation: float,
+        limit: float,
+        *,
+        budget_name: str | None = None,
+        scope: str | None = None,
+        window: str | None = None,
+        settled: float | None = None,
+        in_flight: float | None = None,
+    ) -> None:
         self.budget = budget
         self.spent = spent
         self.reservation = reservation
         self.limit = limit
+        self.budget_name = budget_name
+        self.scope = scope
+        self.window = window
+        self.settled = settled
+        self.in_flight = in_flight
         super().__init__(
             f"budget {budget!r} exceeded: spent ${spent:.6f} + reservation ${reservation:.6f}"
             f" > limit ${limit:.6f}"
@@ -194,3 +222,19 @@ class Failure:
     def counts_against_deployment(self) -> bool:
         """Whether this failure is evidence that the deployment is unhealthy."""
         return self.error_class not in CALLER_ERRORS and self.error_class is not (ErrorClass.CIRCUIT_OPEN)
+
+
+# The public names; CALLER_ERRORS and as_provider_error serve the package itself.
+__all__ = [
+    "AllRoutesFailedError",
+    "BudgetExceededError",
+    "CircuitOpenError",
+    "ConfigError",
+    "DeadlineExceededError",
+    "ErrorClass",
+    "Failure",
+    "LoadShedError",
+    "ResilienceError",
+    "StreamInterruptedError",
+    "UnknownModelGroupError",
+]

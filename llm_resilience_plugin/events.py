@@ -1,7 +1,8 @@
 """Structured records: one per attempt, one per call, one per breaker transition and retry.
 
-Records are plain frozen dataclasses with ``to_dict()`` (JSON-safe, no secrets, no message
-content). Listeners subscribe on the router; the ``llm_resilience`` logger gets every record too.
+Records are frozen dataclasses, except :class:`CallReport`, which the call fills in as it runs;
+:func:`event_dict` gives any of them as a JSON-safe dict (no secrets, no message content).
+Listeners subscribe on the router; the ``llm_resilience`` logger gets every record too.
 """
 
 from __future__ import annotations
@@ -475,3 +476,25 @@ class EventBus:
             logger.debug(
                 event_name(event), extra={"llm_event": event_dict(event), "llm_event_name": event_name(event)}
             )
+
+
+# The public names; the helpers above (usage_of, attach_report, ...) serve the package itself.
+__all__ = [
+    "AttemptGuard",
+    "AttemptInfo",
+    "AttemptRecord",
+    "BreakerTransition",
+    "CallReport",
+    "CallStarted",
+    "DeploymentInfo",
+    "Event",
+    "EventBus",
+    "FallbackTaken",
+    "HedgeSent",
+    "Listener",
+    "Outcome",
+    "RetryScheduled",
+    "StreamRestart",
+    "event_dict",
+    "event_name",
+]

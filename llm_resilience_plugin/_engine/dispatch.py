@@ -1,8 +1,10 @@
 """The dispatch seam: how the engine sends one attempt, like an httpx transport.
 
 The engine decides where and when; a :class:`Dispatcher` makes exactly one attempt and reports
-which deployment served it. Today's dispatcher is the wrapped ``litellm.Router``
-(:mod:`llm_resilience_plugin.routing`); tests and other endpoints plug in their own.
+which deployment served it. There are three: through the wrapped ``litellm.Router``, straight
+through LiteLLM's module functions for groups proven equivalent (both in
+:mod:`llm_resilience_plugin.routing`), and one ``invoke``/``stream`` of a wrapped LangChain
+Runnable (:mod:`llm_resilience_plugin.langchain`); tests plug in their own.
 
 **Operations.** A call is one *operation* (``CallState.operation``), named after LiteLLM's
 function without the ``a``: ``"completion"`` (chat, the default), ``"embedding"``,

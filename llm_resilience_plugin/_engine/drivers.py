@@ -1,8 +1,10 @@
 """The drivers: walk a call's routes with the engine — attempts, tenacity retries inside a group,
 hedges, fallbacks, degradation — and a private event-loop thread so sync calls run the same loop.
 
-Every decision comes from :mod:`._engine.core` and :mod:`._engine.retry`; these functions only
-sequence them, await attempts and sleep.
+Routing and retry decisions come from :mod:`._engine.core` and :mod:`._engine.retry`; these
+functions sequence them, await attempts and sleep. One decision is made here: when a group gives
+up, ``_after_exhausted`` trims the context and goes again, fails over, answers statically or
+raises the call's final error (for the async and the sync walk alike).
 """
 
 from __future__ import annotations

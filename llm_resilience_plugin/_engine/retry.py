@@ -1,5 +1,6 @@
 """The retry policy: tenacity predicates, full-jitter waits that honour Retry-After, the retry
-budget, the deadline, and the clock they all read.
+budget, and the sleeps between attempts; the clock and the call's deadline they read are in
+:mod:`._engine.clock`.
 
 A fresh tenacity ``AsyncRetrying`` is built per call and model group (tenacity keeps attempt state
 on the instance, so sharing one across concurrent calls corrupts it).

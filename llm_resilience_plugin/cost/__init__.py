@@ -19,9 +19,9 @@ from llm_resilience_plugin.cost._ledger import (
     SpendEntry,
     SpendReport,
     from_nano,
-    open_ledger,
     to_nano,
 )
+from llm_resilience_plugin.cost._open import open_ledger
 from llm_resilience_plugin.cost._prices import Price, PriceBook, coerce_price
 from llm_resilience_plugin.cost._redis_ledger import LedgerUnavailableError, RedisLedger
 from llm_resilience_plugin.cost._sqlite_ledger import SQLiteLedger

@@ -54,8 +54,8 @@ from llm_resilience_plugin.cost._ledger import (
     Ledger,
     SpendEntry,
     SpendReport,
-    open_ledger,
 )
+from llm_resilience_plugin.cost._open import open_ledger
 from llm_resilience_plugin.cost._prices import (
     Candidate,
     Price,

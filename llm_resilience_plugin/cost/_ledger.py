@@ -20,16 +20,17 @@ it at its reserved amount (the request may have been sent and billed), logged as
 reservation's own settle or release arrives after all, it replaces that estimate (the reaped
 entry is taken back) for :data:`REAPED_MEMORY` seconds after the reaping.
 
-:class:`MemoryLedger` (one process) and :class:`SQLiteLedger` (WAL, ``BEGIN IMMEDIATE``: atomic
-across threads and processes on one machine, survives restarts) implement it; a Redis backend
-implements the same abstract methods (a Lua script for ``reserve``/``settle``/``release``).
+This module holds the interface, the records and :class:`MemoryLedger` (one process). The other
+backends build on it in their own modules: ``SQLiteLedger`` in ``_sqlite_ledger`` (WAL, ``BEGIN
+IMMEDIATE``: atomic across threads and processes on one machine, survives restarts) and
+``RedisLedger`` in ``_redis_ledger`` (a Lua script for ``reserve``/``settle``/``release``);
+``open_ledger`` (``_open``) picks one from a spec.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import os
 import threading
 import time
 import uuid
@@ -39,7 +40,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from llm_resilience_plugin.errors import BudgetExceededError, ConfigError
+from llm_resilience_plugin.errors import BudgetExceededError
 
 NANO = 1_000_000_000
 REAPED_MEMORY = 86400.0  # seconds a reaped reservation is remembered, so a late settle replaces it
@@ -324,13 +325,17 @@ class SpendReport:
 
 def refusal(key: BudgetKey, spent: int, reserved: int, amount: int) -> BudgetExceededError:
     """The refusal every ledger raises when a reservation does not fit ``key``'s limit."""
-    err = BudgetExceededError(key.label, from_nano(spent + reserved), from_nano(amount), float(key.limit))
-    err.budget_name = key.budget  # type: ignore[attr-defined]
-    err.scope = key.scope  # type: ignore[attr-defined]
-    err.window = key.window  # type: ignore[attr-defined]
-    err.settled = from_nano(spent)  # type: ignore[attr-defined]
-    err.in_flight = from_nano(reserved)  # type: ignore[attr-defined]
-    return err
+    return BudgetExceededError(
+        key.label,
+        from_nano(spent + reserved),
+        from_nano(amount),
+        float(key.limit),
+        budget_name=key.budget,
+        scope=key.scope,
+        window=key.window,
+        settled=from_nano(spent),
+        in_flight=from_nano(reserved),
+    )
 
 
 class Ledger(ABC):
@@ -580,45 +585,6 @@ class MemoryLedger(Ledger):
             self._reap(now)
 
 
-# -- SQLite ---------------------------------------------------------------------------------------
-
-
-def open_ledger(spec: Ledger | str | os.PathLike[str] | None) -> Ledger:
-    """A ledger from ``None``/``"memory"`` (in memory), ``"sqlite:///path/to/spend.db"``
-    (``sqlite:////abs/path`` for an absolute path), a plain ``*.db``/``*.sqlite`` path,
-    ``"redis://host:6379/0"`` (:class:`~llm_resilience_plugin.cost.RedisLedger`), or a
-    :class:`Ledger` instance."""
-    if spec is None:
-        return MemoryLedger()
-    if isinstance(spec, Ledger):
-        return spec
-    from llm_resilience_plugin.cost._sqlite_ledger import SQLiteLedger  # imports this module
-
-    if isinstance(spec, os.PathLike):
-        return SQLiteLedger(spec)
-    if not isinstance(spec, str):
-        raise ConfigError(
-            "ledger",
-            f"expected 'memory', 'sqlite:///path.db' or a Ledger instance, got {type(spec).__name__}",
-        )
-    if spec in ("memory", "memory://", ":memory:"):
-        return MemoryLedger()
-    if spec.startswith("sqlite:///"):
-        return SQLiteLedger(spec[len("sqlite:///") :])
-    if spec.startswith(("redis://", "rediss://", "unix://")):
-        # Imported here: the Redis ledger module builds on this one (and needs the redis extra to run).
-        from llm_resilience_plugin.cost._redis_ledger import RedisLedger
-
-        return RedisLedger(spec)
-    if spec.endswith((".db", ".sqlite", ".sqlite3")):
-        return SQLiteLedger(spec)
-    raise ConfigError(
-        "ledger",
-        f"unknown ledger {spec!r}; use 'memory', 'sqlite:///path/to/spend.db', 'redis://host:6379' "
-        "or a Ledger instance",
-    )
-
-
 __all__ = [
     "NANO",
     "REAPED_MEMORY",
@@ -631,7 +597,6 @@ __all__ = [
     "SpendReport",
     "from_nano",
     "log_reaped",
-    "open_ledger",
     "reaped_entry",
     "refusal",
 ]

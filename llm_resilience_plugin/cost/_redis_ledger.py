@@ -19,9 +19,9 @@ import uuid
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from importlib import resources
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from llm_resilience_plugin._lua import read_lua
 from llm_resilience_plugin.cost._ledger import (
     BudgetKey,
     KeyUsage,
@@ -48,14 +48,9 @@ KNOWN_KEYS = 10_000  # budget keys whose last usage a ledger remembers (to seed 
 _FIELDS = ("budget", "scope", "win", "spent", "reserved", "limit")  # one key's row, as the scripts return it
 
 
-def _read_lua(*names: str) -> str:
-    folder = resources.files("llm_resilience_plugin.cost") / "lua"
-    return "\n".join((folder / name).read_text(encoding="utf-8") for name in names)
-
-
 # The ledger scripts by name; each starts with the shared helpers (drop, reap, upsert, row).
 LEDGER_SCRIPTS = {
-    f"ledger_{name}": _read_lua("ledger_lib.lua", f"{file}.lua")
+    f"ledger_{name}": read_lua("llm_resilience_plugin.cost", "ledger_lib.lua", f"{file}.lua")
     for name, file in (
         ("reserve", "reserve"),
         ("settle", "settle"),

@@ -1,4 +1,5 @@
-"""The dispatcher of today: one attempt through the wrapped ``litellm.Router``.
+"""The Router dispatcher: one attempt through the wrapped ``litellm.Router`` (the direct
+dispatcher in :mod:`._direct` hands it every group or request it does not send itself).
 
 LiteLLM's routing strategy picks the deployment among those the engine admits (its filter hook);
 the Router's own retries, fallbacks and cooldowns are off, so each ``send`` is exactly one request.

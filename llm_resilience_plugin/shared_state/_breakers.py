@@ -26,15 +26,16 @@ from llm_resilience_plugin._engine.breakers import (
     Change,
     MemoryBreakerBackend,
 )
+from llm_resilience_plugin._lua import read_lua
 from llm_resilience_plugin.policy import BreakerPolicy
-from llm_resilience_plugin.shared_state._common import KEY_TTL, SharedStateUnavailable, ms, read_lua, text
+from llm_resilience_plugin.shared_state._common import KEY_TTL, SharedStateUnavailable, ms, text
 
 if TYPE_CHECKING:
     from llm_resilience_plugin.shared_state._connection import RedisSharedState
 
 # The breaker scripts by name; each starts with the shared helpers (view, touch, trip).
 BREAKER_SCRIPTS = {
-    name: read_lua("breaker_lib.lua", f"{name}.lua")
+    name: read_lua("llm_resilience_plugin.shared_state", "breaker_lib.lua", f"{name}.lua")
     for name in ("admit", "success", "failure", "release", "view", "merge", "ratelimited")
 }
 

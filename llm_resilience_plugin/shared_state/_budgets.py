@@ -12,12 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from llm_resilience_plugin.shared_state._common import KEY_TTL, read_lua, text
+from llm_resilience_plugin._lua import read_lua
+from llm_resilience_plugin.shared_state._common import KEY_TTL, text
 
 if TYPE_CHECKING:
     from llm_resilience_plugin.shared_state._connection import RedisSharedState
 
-BUCKET_SCRIPTS = {"bucket": read_lua("bucket.lua")}
+BUCKET_SCRIPTS = {"bucket": read_lua("llm_resilience_plugin.shared_state", "bucket.lua")}
 
 
 class RedisTokenBucket:

@@ -1,9 +1,8 @@
-"""What every shared-state module uses: the "Redis is unavailable" signal, key lifetimes, the
-wire-format helpers and the Lua script loader (scripts live in ``shared_state/lua/*.lua``)."""
+"""What every shared-state module uses: the "Redis is unavailable" signal, key lifetimes and the
+wire-format helpers (the Lua scripts in ``shared_state/lua/*.lua`` load through ``_lua``)."""
 
 from __future__ import annotations
 
-from importlib import resources
 from typing import Any, Protocol
 
 KEY_TTL = 7 * 86400  # breaker and bucket keys idle this long are forgotten
@@ -38,10 +37,4 @@ def text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def read_lua(*names: str) -> str:
-    """The concatenated text of ``shared_state/lua/<name>`` files (read once, at import)."""
-    folder = resources.files("llm_resilience_plugin.shared_state") / "lua"
-    return "\n".join((folder / name).read_text(encoding="utf-8") for name in names)
-
-
-__all__ = ["KEY_TTL", "Member", "SharedStateUnavailable", "ms", "read_lua", "text"]
+__all__ = ["KEY_TTL", "Member", "SharedStateUnavailable", "ms", "text"]

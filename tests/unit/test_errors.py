@@ -123,3 +123,9 @@ def test_all_routes_failed_is_also_the_providers_error_class() -> None:
     assert isinstance(late, TimeoutError) and isinstance(late, litellm.Timeout)
     plain = as_provider_error(AllRoutesFailedError("x", [], report), RuntimeError("boom"))
     assert type(plain) is AllRoutesFailedError
+
+
+def test_budget_error_raised_without_a_ledger_key_has_none_for_the_key_fields() -> None:
+    err = BudgetExceededError("daily", 1.0, 0.5, 1.2)
+    assert (err.budget_name, err.scope, err.window, err.settled, err.in_flight) == (None,) * 5
+    assert "exceeded" in str(err) and err.limit == 1.2

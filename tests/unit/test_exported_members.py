@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
+import re
 from pathlib import Path
 
 import pytest
@@ -18,10 +20,15 @@ SUBPACKAGES = [
     "llm_resilience_plugin.cost",
     "llm_resilience_plugin.langchain",
     "llm_resilience_plugin.observability",
+    "llm_resilience_plugin.policy",
     "llm_resilience_plugin.routing",
     "llm_resilience_plugin.shared_state",
     "llm_resilience_plugin.testing",
 ]
+
+# Public modules that also hold helpers for the package: __all__ is their surface, not every name.
+MODULES = ["llm_resilience_plugin.errors", "llm_resilience_plugin.events"]
+ROOT = Path(llm_resilience_plugin.__file__).parent.parent
 
 
 def test_top_level_all_is_the_lazy_export_table() -> None:
@@ -66,5 +73,59 @@ def test_subpackage_exports_what_it_lists(name: str) -> None:
     assert public == set(module.__all__), f"{name}: listed {sorted(module.__all__)} exposes {sorted(public)}"
 
 
+def _defined_at_module_level(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+    return names
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_module_all_lists_only_its_own_public_names(name: str) -> None:
+    module = importlib.import_module(name)
+    assert sorted(module.__all__) == sorted(set(module.__all__)), "duplicates in __all__"
+    own = _defined_at_module_level(Path(module.__file__))  # type: ignore[arg-type]
+    for n in module.__all__:
+        assert hasattr(module, n), f"{name}.__all__ names {n!r}, which it does not define"
+        assert n in own and not n.startswith("_"), f"{name}.__all__ names {n!r}, imported from elsewhere"
+    assert "logger" not in module.__all__ and "dataclass" not in module.__all__
+
+
+def test_docs_import_only_listed_names() -> None:
+    """What the README and docs/ import from a public module is in that module's ``__all__``."""
+    pattern = re.compile(r"from (llm_resilience_plugin(?:\.\w+)*) import (\([^)]*\)|[^\n]+)")
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    unlisted = []
+    for page in pages:
+        for module_name, imported in pattern.findall(page.read_text(encoding="utf-8")):
+            if any(part.startswith("_") for part in module_name.split(".")):
+                continue
+            module = importlib.import_module(module_name)
+            for item in imported.strip("()").replace("\n", ",").split(","):
+                n = item.split("#")[0].split(" as ")[0].strip()
+                if not n or n in module.__all__:
+                    continue
+                if not (hasattr(module, "__path__") and importlib.util.find_spec(f"{module_name}.{n}")):
+                    unlisted.append(f"{page.name}: {n} from {module_name}")
+    assert not unlisted
+
+
 def test_package_is_typed() -> None:
     assert (Path(llm_resilience_plugin.__file__).parent / "py.typed").is_file()
+
+
+def test_version_comes_from_the_installed_metadata(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.metadata
+
+    assert llm_resilience_plugin.__version__ == importlib.metadata.version("llm-resilience-plugin")
+
+    def missing(name: str) -> str:
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", missing)
+    assert llm_resilience_plugin._version() == "0+unknown"  # a source tree without metadata

@@ -30,9 +30,9 @@ from llm_resilience_plugin.cost._ledger import (
     MemoryLedger,
     SpendEntry,
     from_nano,
-    open_ledger,
     to_nano,
 )
+from llm_resilience_plugin.cost._open import open_ledger
 from llm_resilience_plugin.cost._sqlite_ledger import SQLiteLedger
 
 ROOT = str(Path(llm_resilience_plugin.__file__).parent.parent)
@@ -70,6 +70,7 @@ def test_reserve_is_all_or_nothing_over_every_key(ledger: Ledger):
     err = ei.value
     assert (err.budget, err.spent, err.reservation, err.limit) == ("b 2026-01-01", 0.4, 0.2, 0.5)
     assert err.in_flight == 0.4 and err.settled == 0
+    assert (err.budget_name, err.scope, err.window) == ("b", "", "2026-01-01")
     assert usage(ledger, a) == (0, 0.4)  # nothing was added to a
     ledger.settle(r, 0.25)
     assert usage(ledger, a) == (0.25, 0) and usage(ledger, b) == (0.25, 0)

@@ -88,11 +88,6 @@ class Scenario(_Strict):
             return None
         return max(e for e in ends if e is not None)
 
-    @property
-    def duration_hint(self) -> float:
-        """Seconds the load takes at its pace (paced scenarios), else 0."""
-        return self.calls / self.rate if self.rate else 0.0
-
 
 def scenario_from_mapping(data: Any, source: str = "scenario") -> Scenario:
     """A :class:`Scenario` from parsed YAML; ``ConfigError`` naming the field on a mistake."""
