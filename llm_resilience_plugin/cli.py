@@ -166,6 +166,22 @@ def _describe(spec: Any, guard: Any, dispatch: dict[str, Any] | None = None) -> 
     return out
 
 
+def stream_timeouts_line(p: Mapping[str, Any]) -> str:
+    """The stream limits ``llm-resilience check`` prints, a learned one marked as a static default."""
+    from llm_resilience_plugin._engine.learned import FLOOR, HEADROOM, MIN_SAMPLES
+
+    first, idle = p["first_chunk_timeout"], p["stream_idle_timeout"]
+    text = f"first chunk {first}s{'*' if p['learn_stream_timeouts'] else ''}, idle {idle}s"
+    text += "*" if p["learn_idle_timeouts"] else ""
+    if p["learn_stream_timeouts"] or p["learn_idle_timeouts"]:
+        text += (
+            f" (*static default: learned from the group's streams after {MIN_SAMPLES},"
+            f" {HEADROOM:g} x p95, at least {FLOOR:g}s;"
+            " the attempt timeout when a call has nowhere else to go)"
+        )
+    return text
+
+
 def _print_policy(path: str, spec: Any, out: dict[str, Any]) -> None:
     print(f"{path}: OK ({len(spec.model_list)} deployments, {len(spec.groups)} model groups)")
     for group, g in out["groups"].items():
@@ -175,6 +191,7 @@ def _print_policy(path: str, spec: Any, out: dict[str, Any]) -> None:
             print(f"  deployment {d['id']}: {d['model']} @ {d['api_base'] or 'provider default'}")
         print(f"  fallbacks: {g['fallbacks'] or '-'}; context window: {g['context_window_fallbacks'] or '-'}")
         print(f"  deadline {p['deadline']}s, attempt timeout {p['attempt_timeout']}s")
+        print(f"  streams: {stream_timeouts_line(p)}")
         if g.get("dispatch"):
             print(f"  dispatch: {g['dispatch']['dispatcher']} ({g['dispatch']['reason']})")
         b = p["breaker"]

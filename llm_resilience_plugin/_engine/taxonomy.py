@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import json
 import re
 import time
 from collections.abc import Mapping
@@ -250,6 +251,41 @@ def scrub_exception(exc: BaseException) -> None:
             continue
 
 
+def _is_http_status_error(e: BaseException) -> bool:
+    """An exception built from a real HTTP error response (httpx's, or the openai SDK's own)."""
+    module = type(e).__module__.split(".")[0]
+    name = type(e).__name__
+    return (module == "httpx" and name == "HTTPStatusError") or (
+        module == "openai"
+        and name not in ("APIConnectionError", "APITimeoutError")
+        and _status_of(e) is not None
+    )
+
+
+def broken_body(exc: BaseException) -> bool:
+    """Did a response arrive (HTTP 200) whose body or stream event could not be decoded?
+
+    LiteLLM reports such a body as a 500 (``InternalServerError`` or ``APIConnectionError``) with
+    the JSON decode error in the cause chain and no HTTP error response anywhere in it.
+    """
+    chain = _chain(exc)
+    if any(_is_http_status_error(e) for e in chain):
+        return False  # an error status came, its body merely failed to parse: keep the status
+    return any(isinstance(e, json.JSONDecodeError) for e in chain)
+
+
+def _mid_stream_original(exc: BaseException) -> BaseException | None:
+    """The provider error LiteLLM's ``MidStreamFallbackError`` wraps (its own status is 503 or
+    the original's; the class says nothing about what went wrong)."""
+    from litellm.exceptions import MidStreamFallbackError
+
+    if isinstance(exc, MidStreamFallbackError):
+        original = exc.original_exception
+        if isinstance(original, BaseException) and original is not exc:
+            return original
+    return None
+
+
 def answered_with_status(exc: BaseException) -> bool:
     """Did an HTTP response with a status reach us (not a status LiteLLM made up for a reset,
     a refused connection or a timeout)?"""
@@ -275,6 +311,9 @@ def classify(exc: BaseException) -> Failure:
     if isinstance(exc, StreamInterruptedError):
         return classify(exc.cause)
     scrub_exception(exc)
+    original = _mid_stream_original(exc)
+    if original is not None:
+        return _classify_mid_stream(exc, original)
     message = _message_of(exc)
     if not isinstance(exc, ResilienceError) and raised_before_sending(exc):
         if _MISSING_CREDENTIALS_RE.search(message):
@@ -284,7 +323,25 @@ def classify(exc: BaseException) -> Failure:
         return Failure(ErrorClass.BAD_REQUEST, None, f"rejected before sending: {message}", None, exc)
     status = _wire_status(exc, _status_of(exc))
     error_class = _class_of(exc, status, message)
+    if broken_body(exc):
+        # A 200 whose body could not be decoded: a broken response, not a server error, and the
+        # 500 is LiteLLM's label, not what the provider sent.
+        error_class, status = ErrorClass.CONNECTION, None
     if status is not None and not answered_with_status(exc):
         status = None  # LiteLLM labels a reset or a refused connection 500: no HTTP answer came
     retry_after = retry_after_of(exc) if error_class in (ErrorClass.RATE_LIMIT, ErrorClass.SERVER) else None
     return Failure(error_class, status, message, retry_after, exc)
+
+
+def _classify_mid_stream(exc: BaseException, original: BaseException) -> Failure:
+    """A ``MidStreamFallbackError`` is classified by the error it wraps (a cut, an undecodable
+    event, a provider error event, a context overflow), keeping ``exc`` as the exception."""
+    import litellm
+
+    inner = classify(original)
+    status = inner.status
+    if isinstance(original, litellm.APIConnectionError):
+        # The stream had started with a 200 and then broke (cut, undecodable event, ended early):
+        # LiteLLM's APIConnectionError always says 500, which the provider never sent.
+        status = None
+    return Failure(inner.error_class, status, inner.message, inner.retry_after, exc)

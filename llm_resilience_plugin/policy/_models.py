@@ -361,12 +361,22 @@ class ResiliencePolicy(Model):
 
 
 class EffectivePolicy(Model):
-    """A group's resolved policy (what ``llm-resilience check`` prints)."""
+    """A group's resolved policy (what ``llm-resilience check`` prints).
+
+    The timeouts are the static values. Where a ``learn_*`` flag is true, the engine applies per
+    attempt the value learned from the group's traffic instead (4 x the p95, at least 1 s, at most
+    the attempt timeout, once 20 samples are known) and, for a stream with nowhere else to go, the
+    attempt timeout: the limit applied can differ from the one shown here (docs/streaming.md).
+    """
 
     deadline: float
     attempt_timeout: float
-    first_chunk_timeout: float
-    stream_idle_timeout: float
+    first_chunk_timeout: float = Field(
+        description="Static limit to a stream's first chunk; learned over when learn_stream_timeouts."
+    )
+    stream_idle_timeout: float = Field(
+        description="Static limit of the silence between two chunks; learned over when learn_idle_timeouts."
+    )
     learn_stream_timeouts: bool = False  # the first-chunk timeout adapts to observed TTFT
     learn_idle_timeouts: bool = False  # the idle timeout adapts to observed gaps between chunks
     learn_answer_timeouts: bool = True  # a non-stream attempt's limit adapts to observed answer times
