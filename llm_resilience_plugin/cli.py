@@ -176,7 +176,7 @@ def stream_timeouts_line(p: Mapping[str, Any]) -> str:
     if p["learn_stream_timeouts"] or p["learn_idle_timeouts"]:
         text += (
             f" (*static default: learned from the group's streams after {MIN_SAMPLES},"
-            f" {HEADROOM:g} x p95, at least {FLOOR:g}s;"
+            f" {HEADROOM:g} x p95, at least {FLOOR:g}s, the idle one only for recovered streams;"
             " the attempt timeout when a call has nowhere else to go)"
         )
     return text

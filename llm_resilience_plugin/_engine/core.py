@@ -39,6 +39,7 @@ OPTION_KEYS = frozenset(
         "priority",
         "scenario",
         "recover_streams",
+        "recovered_by_caller",
         "avoid_deployments",
     }
 )
@@ -69,6 +70,7 @@ class CallOptions:
     priority: str | None = None
     scenario: str | None = None
     recover_streams: bool | None = None  # None: the policy decides
+    recovered_by_caller: bool = False  # the caller recovers a stream broken after content itself
     avoid: frozenset[str] = frozenset()  # deployment ids this call never sends to
 
 
@@ -192,6 +194,9 @@ def split_options(kwargs: Mapping[str, Any]) -> tuple[CallOptions, dict[str, Any
     recover = kwargs.get("recover_streams")
     if recover is not None and not isinstance(recover, bool):
         raise ConfigError("recover_streams", "must be True or False (None: as the policy says)")
+    by_caller = kwargs.get("recovered_by_caller", False)
+    if not isinstance(by_caller, bool):
+        raise ConfigError("recovered_by_caller", "must be True or False")
     avoid = kwargs.get("avoid_deployments") or ()
     if not isinstance(avoid, list | tuple | set | frozenset) or not all(isinstance(d, str) for d in avoid):
         raise ConfigError("avoid_deployments", "must be a collection of deployment ids (strings)")
@@ -204,9 +209,21 @@ def split_options(kwargs: Mapping[str, Any]) -> tuple[CallOptions, dict[str, Any
         priority=priority,
         scenario=scenario,
         recover_streams=recover,
+        recovered_by_caller=by_caller,
         avoid=frozenset(avoid),
     )
     return opts, clean
+
+
+def streams_recovered(opts: CallOptions, pol: EffectivePolicy) -> bool:
+    """Is a stream that breaks after content recovered - by the router (the call's
+    ``recover_streams``, else the policy's switches) or by its caller (the chat model's
+    ``invoke``, which asks again)? Only then may its idle limit be learned below the default."""
+    if opts.recovered_by_caller:
+        return True
+    if opts.recover_streams is not None:
+        return opts.recover_streams
+    return pol.restart_broken_streams or pol.continue_streams_with_prefill
 
 
 class Served(NamedTuple):

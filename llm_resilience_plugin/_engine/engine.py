@@ -26,6 +26,7 @@ from llm_resilience_plugin._engine.core import (
     CallState,
     attempt_limit,
     provider_error_as_itself,
+    streams_recovered,
 )
 from llm_resilience_plugin._engine.dispatch import Dispatcher
 from llm_resilience_plugin._engine.hedging import HedgeState
@@ -307,9 +308,8 @@ class Engine:
         return attempt_limit(call, pol, elsewhere=self.can_go_elsewhere(call, group), learned=learned)
 
     def answer_timeout(self, call: CallState, group: str) -> float:
-        """The time limit of a non-stream attempt in ``group``: the attempt timeout, or - while
-        the call has somewhere else to go and neither the caller nor the deployments set a
-        timeout - the one learned from the group's observed answer times (never above it)."""
+        """A non-stream attempt's limit: the attempt timeout, or - while the call can go elsewhere
+        and no timeout was set - one learned from the group's answer times (never above it)."""
         pol = self.policies[group]
         limit = attempt_limit(call, pol)
         if call.opts.attempt_timeout or not pol.learn_answer_timeouts:
@@ -329,6 +329,8 @@ class Engine:
             return pol.stream_idle_timeout
         if not self.can_go_elsewhere(call, group):
             return attempt
+        if not streams_recovered(call.opts, pol):  # a cut would end the answer: nothing learned
+            return min(pol.stream_idle_timeout, attempt)
         return self.timings[group].idle(pol.stream_idle_timeout, attempt)
 
     def counts_against(self, failure: Failure) -> bool:

@@ -356,7 +356,7 @@ class ResilientChatModel(ClosesRouter, BaseChatModel):
         """``BaseChatModel.invoke``, with ``config`` visible to the request (its deadline). A
         stream broken after content (LangChain streaming internally) is recovered by asking again
         without streaming, as the rest of the same call (see ``_recovery``)."""
-        with run_config(config):
+        with run_config(config, aggregating=True):
             try:
                 return super().invoke(input, config, **kwargs)
             except StreamInterruptedError as exc:
@@ -367,7 +367,7 @@ class ResilientChatModel(ClosesRouter, BaseChatModel):
 
     async def ainvoke(self, input: LanguageModelInput, config: Any = None, **kwargs: Any) -> AIMessage:
         """``BaseChatModel.ainvoke``; a broken internal stream is recovered as in :meth:`invoke`."""
-        with run_config(config):
+        with run_config(config, aggregating=True):
             try:
                 return await super().ainvoke(input, config, **kwargs)
             except StreamInterruptedError as exc:

@@ -36,15 +36,24 @@ LC_ONLY_KWARGS = frozenset({"stream", "ls_structured_output_format", "run_manage
 """LangChain-level kwargs that never go to the provider."""
 
 
+# Set while invoke/ainvoke run: a stream they open is one LangChain aggregates, and they recover it
+# themselves (by asking again) if it breaks after content.
+AGGREGATING: ContextVar[bool] = ContextVar("llm_resilience_aggregating", default=False)
+
+
 @contextlib.contextmanager
-def run_config(config: Any) -> Iterator[None]:
-    """Make ``config`` the RunnableConfig of the call in progress (read by :func:`prepare_request`)."""
+def run_config(config: Any, aggregating: bool = False) -> Iterator[None]:
+    """Make ``config`` the RunnableConfig of the call in progress (read by :func:`prepare_request`);
+    ``aggregating``: the call is an invoke that recovers its own broken streams."""
     token = RUN_CONFIG.set(config)
+    agg = AGGREGATING.set(aggregating)
     try:
         yield
     finally:
         with contextlib.suppress(ValueError):  # reset from another context after a stream's handoff
             RUN_CONFIG.reset(token)
+        with contextlib.suppress(ValueError):
+            AGGREGATING.reset(agg)
 
 
 class RequestDefaults(Protocol):
@@ -192,6 +201,8 @@ class ChatRequest:
         if not stream:
             return self.params
         options = {**(self.params.get("stream_options") or {}), "include_usage": True}
+        if AGGREGATING.get():  # invoke asks again if this stream breaks after content
+            return {**self.params, "stream_options": options, "recovered_by_caller": True}
         return {**self.params, "stream_options": options}
 
     def send(self, *, stream: bool) -> Any:

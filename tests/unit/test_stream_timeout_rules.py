@@ -13,6 +13,7 @@ from llm_resilience_plugin._engine.clock import Deadline
 from llm_resilience_plugin._engine.core import CallState, split_options
 from llm_resilience_plugin._engine.engine import Engine
 from llm_resilience_plugin._engine.learned import FLOOR, HEADROOM, MIN_SAMPLES
+from llm_resilience_plugin.errors import ConfigError
 from llm_resilience_plugin.events import CallReport, DeploymentInfo
 from llm_resilience_plugin.policy import build_spec
 from llm_resilience_plugin.testing import FakeClock
@@ -51,7 +52,7 @@ def _learn(engine: Engine, group: str, gap: float, n: int = MIN_SAMPLES) -> None
 
 def test_the_idle_timeout_is_the_static_default_until_enough_streams_then_learned() -> None:
     engine = _engine()
-    call = _call(engine, "primary")
+    call = _call(engine, "primary", recover_streams=True)
     assert engine.policies["primary"].stream_idle_timeout == 10.0  # what effective_policy shows
     _learn(engine, "primary", 0.5, MIN_SAMPLES - 1)
     assert engine.idle_timeout(call, "primary") == 10.0  # one stream short: still the default
@@ -63,11 +64,13 @@ def test_the_idle_timeout_is_the_static_default_until_enough_streams_then_learne
 def test_fast_streams_learn_the_floor_and_slow_ones_are_capped_by_the_attempt_timeout() -> None:
     engine = _engine()
     _learn(engine, "primary", 0.001)  # a fast group (the simulator's streams)
-    assert engine.idle_timeout(_call(engine, "primary"), "primary") == FLOOR == 1.0
+    assert engine.idle_timeout(_call(engine, "primary", recover_streams=True), "primary") == FLOOR == 1.0
     slow = _engine()
     _learn(slow, "primary", 20.0)
-    assert slow.idle_timeout(_call(slow, "primary"), "primary") == 30.0
-    assert slow.idle_timeout(_call(slow, "primary", attempt_timeout=12), "primary") == 12.0
+    assert slow.idle_timeout(_call(slow, "primary", recover_streams=True), "primary") == 30.0
+    assert (
+        slow.idle_timeout(_call(slow, "primary", recover_streams=True, attempt_timeout=12), "primary") == 12.0
+    )
 
 
 def test_with_nowhere_else_to_go_the_idle_limit_is_the_attempt_timeout() -> None:
@@ -77,11 +80,28 @@ def test_with_nowhere_else_to_go_the_idle_limit_is_the_attempt_timeout() -> None
     _learn(engine, "backup", 0.001)
     assert engine.idle_timeout(backup, "backup") == 30.0  # nor the learned 1 s
     assert engine.idle_timeout(_call(engine, "backup", attempt_timeout=12), "backup") == 12.0
-    primary = _call(engine, "primary")
+    primary = _call(engine, "primary", recover_streams=True)
     primary.avoid("a")  # a deployment this call may not use again: b is its last route
     assert engine.first_chunk_timeout(primary, "primary") == 10.0  # the fallback is still there
     _learn(engine, "primary", 0.001)
     assert engine.idle_timeout(primary, "primary") == 1.0
+
+
+def test_the_idle_timeout_is_learned_only_for_a_stream_whose_break_is_recovered() -> None:
+    """Without recovery a cut ends the caller's answer (a visible failure after paid tokens), so a
+    healthy pause must not be cut early: the static default stays, however fast the group is."""
+    engine = _engine()
+    _learn(engine, "primary", 0.001)
+    assert engine.idle_timeout(_call(engine, "primary"), "primary") == 10.0  # recovery off (default)
+    assert engine.idle_timeout(_call(engine, "primary", recover_streams=False), "primary") == 10.0
+    assert engine.idle_timeout(_call(engine, "primary", recover_streams=True), "primary") == FLOOR
+    # the chat model's invoke recovers a broken stream itself (it asks again): learned
+    assert engine.idle_timeout(_call(engine, "primary", recovered_by_caller=True), "primary") == FLOOR
+    switched = _engine(restart_broken_streams=True)  # the router's switch, for every call
+    _learn(switched, "primary", 0.001)
+    assert switched.idle_timeout(_call(switched, "primary"), "primary") == FLOOR
+    with pytest.raises(ConfigError, match="recovered_by_caller"):
+        split_options({"recovered_by_caller": "yes"})
 
 
 def test_a_configured_idle_timeout_is_used_as_it_is() -> None:
