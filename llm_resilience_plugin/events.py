@@ -47,10 +47,15 @@ class DeploymentInfo:
         flag = self.params.get("supports_assistant_prefill")
         if flag is not None:
             return bool(flag)
-        import litellm  # only asked when a stream must be continued; keeps this module light
+        # LiteLLM's model map (only asked when a stream must be continued; keeps this module
+        # light). The function lives in litellm.utils; litellm 1.110 does not export it.
+        from litellm.utils import supports_assistant_prefill
 
+        provider = self.params.get("custom_llm_provider")
         try:
-            return bool(litellm.supports_assistant_prefill(self.model))
+            return bool(
+                supports_assistant_prefill(self.model, provider if isinstance(provider, str) else None)
+            )
         except Exception:
             return False
 

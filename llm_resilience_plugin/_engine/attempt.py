@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from llm_resilience_plugin._engine.breakers import Admission, DeploymentBreaker
 from llm_resilience_plugin._engine.core import CallState
+from llm_resilience_plugin._engine.prefill import can_prefill
 from llm_resilience_plugin.errors import CircuitOpenError, Failure
 from llm_resilience_plugin.events import AttemptGuard
 
@@ -129,14 +130,13 @@ class AttemptContext:
         blocked: list[str] = []
         for d in healthy:
             dep = deployment_id_of(d)
+            if call.require_prefill and not can_prefill(self.engine, dep):
+                continue  # cannot continue the stream: not a candidate (nor a breaker's doing)
             b = breakers.get(dep)
             if b is None:
                 preferred.append(d)
                 continue
             if dep in call.never_again or dep in self.exclude:
-                blocked.append(dep)
-                continue
-            if call.require_prefill and not self.engine.deployments[dep].supports_prefill:
                 blocked.append(dep)
                 continue
             state = b.state

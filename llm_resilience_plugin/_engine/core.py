@@ -255,6 +255,7 @@ class CallState:
     opts: CallOptions = NO_OPTIONS
     tier: TierPolicy | None = None
     require_prefill: bool = False
+    tentative: bool = False  # a walk whose failure is not the call's end (a stream recovering)
     out_of_time: bool = False  # a retry or fallback was given up because it would not fit
     served: Served | None = None  # the last answer, as its attempt read it
     context: Any = None  # what the dispatcher needs for this call (e.g. a LangChain run's config)

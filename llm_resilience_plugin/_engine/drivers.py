@@ -30,6 +30,7 @@ from llm_resilience_plugin._engine.degradation import (
 )
 from llm_resilience_plugin._engine.engine import Engine
 from llm_resilience_plugin._engine.hedging import HedgeState
+from llm_resilience_plugin._engine.prefill import can_prefill
 from llm_resilience_plugin._engine.retry import (
     AttemptFailed,
     GroupRetryState,
@@ -86,6 +87,7 @@ def _after_exhausted(
     if (
         nxt is None
         and engine.degrades
+        and not call.require_prefill  # a continuation that does not fit restarts from scratch
         and not walk.trimmed
         and failure.error_class is ErrorClass.CONTEXT_WINDOW
         and degradation.trim_context_on_overflow
@@ -100,7 +102,9 @@ def _after_exhausted(
     if nxt is None:
         static = (
             _static_answer(engine, call, walk.requested, failure, walk.messages)
-            if engine.degrades and call.operation == "completion"  # a static answer is a chat reply
+            if engine.degrades
+            and call.operation == "completion"  # a static answer is a chat reply
+            and not call.require_prefill  # nor a continuation of a broken stream
             else None
         )
         if static is not None:
@@ -130,10 +134,12 @@ async def walk_routes(
     while True:
         if walk is not None:
             group, level, msgs, kw = walk.group, walk.level, walk.messages, walk.kwargs
-        if (call.failures or call.opts.avoid) and not _has_candidates(engine, call, group):
+        if (call.failures or call.opts.avoid or call.require_prefill) and not _has_candidates(
+            engine, call, group
+        ):
             # Every deployment of this group already failed this call (a stream resuming
-            # elsewhere, or the caller's avoid_deployments): go straight to the next route,
-            # nothing to record here.
+            # elsewhere, or the caller's avoid_deployments), or none can continue a stream by
+            # prefill: go straight to the next route, nothing to record here.
             walk = walk or _Walk(requested, messages, kwargs)
             step = _after_exhausted(engine, call, walk, _last_failure(call, group), kwargs)
             if step is _AGAIN:
@@ -279,6 +285,8 @@ def finish(
     level: int = 0,
 ) -> None:
     """Fill the call's report from its outcome and publish it (a live stream publishes at its end)."""
+    if failure is not None and (call.tentative or call.require_prefill):
+        return  # not the call's end: a broken stream recovering has another way to go
     r = call.report
     r.total_latency_s = engine.clock.wall() - r.started_at
     if failure is not None:
@@ -302,7 +310,12 @@ def finish(
 
 
 def _has_candidates(engine: Engine, call: CallState, group: str) -> bool:
-    """Is any deployment of ``group`` left that this call has not ruled out?"""
+    """Is any deployment of ``group`` left that this call has not ruled out (and, for a stream
+    continued by prefill, that can take one)?"""
+    if call.require_prefill:
+        return any(
+            d not in call.never_again and can_prefill(engine, d) for d in engine.group_deployments[group]
+        )
     return any(d not in call.never_again for d in engine.group_deployments[group])
 
 

@@ -15,6 +15,7 @@ import weakref
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
 
+from llm_resilience_plugin._engine import prefill as prefill_state
 from llm_resilience_plugin._engine.drivers import walk_routes
 from llm_resilience_plugin._engine.taxonomy import classify
 from llm_resilience_plugin._engine.watchdog import AttemptWatchdog
@@ -136,8 +137,9 @@ class ResilientStream:
         self._hide_usage_chunk = False
         self._finish_reason: str | None = None
         self._closed = False
-        self._messages: list[dict[str, Any]] | None = None
+        self._messages: list[dict[str, Any]] | None = None  # the caller's, as it sent them
         self._kwargs: dict[str, Any] = {}
+        self._shown_before = ""  # the text this stream continues (assistant prefill), if any
         self._next: ResilientStream | StaticStream | None = None
         self._saw_tools = False
         self.report = ctx.report
@@ -158,7 +160,20 @@ class ResilientStream:
 
     @property
     def partial_text(self) -> str:
-        return "".join(self._parts)
+        """The answer's text the caller has been shown so far: after a recovery, the new route's
+        (with the text it continues, for a prefill); what a ``"restart"`` discarded is not in it."""
+        if self._next is not None:
+            return self._next.partial_text
+        return self._shown_before + "".join(self._parts)
+
+    def _successor(self, nxt: Any, continues: str) -> Any:
+        """Hand the recovered stream what a further recovery needs: the caller's own messages
+        (never a prefill) and the text it continues (``continues``; empty after a restart)."""
+        if isinstance(nxt, ResilientStream):
+            nxt._messages = self._messages
+            nxt._shown_before = continues
+        self._next = nxt
+        return nxt
 
     def __aiter__(self) -> AsyncIterator[Any]:
         return self._iterate()
@@ -226,7 +241,9 @@ class ResilientStream:
     async def _restart(self, exc: BaseException) -> tuple[StreamRestart, Any] | None:
         """Resume a broken stream on another route, as often as the policy's cap and the deadline
         allow: by assistant prefill where the route supports it (the answer continues), else from
-        scratch. A route that fails (or refuses the prefill) never hides the original failure."""
+        scratch with the caller's own messages. A prefill refused (a bad request) is never
+        surfaced: the stream restarts from scratch. A restart that fails surfaces the original
+        failure."""
         engine = self._engine
         ctx = self._ctx
         requested = self.report.requested_group
@@ -242,23 +259,26 @@ class ResilientStream:
         failure = classify(exc)
         if self._actx.picked is not None:
             ctx.avoid(self._actx.picked)  # resume somewhere else: this one just broke
-        self.report.stream_restarts += 1
         if ctx.deadline.remaining() <= engine.policy.min_attempt_time:
             self._give_up(failure)
             return None
+        shown = self.partial_text
         constrained = "response_format" in self._kwargs or self._kwargs.get("tool_choice") not in (
             None,
             "auto",
             "none",
         )
+        refusers: frozenset[str] = frozenset()
         if (
             pol.continue_streams_with_prefill
             and ctx.operation == "completion"  # assistant prefill is a chat message
-            and self.partial_text
+            and shown
             and not self._saw_tools
             and not constrained
         ):
-            prefill = {"role": "assistant", "content": self.partial_text, "prefix": True}
+            # One assistant prefill with everything shown so far, after the caller's messages.
+            prefill = {"role": "assistant", "content": shown, "prefix": True}
+            before = prefill_state.mark(ctx)
             ctx.require_prefill = True
             try:
                 nxt = await walk_routes(engine, ctx, requested, [*self._messages, prefill], self._kwargs)
@@ -267,18 +287,45 @@ class ResilientStream:
             finally:
                 ctx.require_prefill = False
             if nxt is not None:
-                marker = StreamRestart(
-                    ctx.call_id, self._group, self.partial_text, failure.error_class, "continue"
-                )
-                self._next = nxt
-                return marker, nxt
-        try:
-            nxt = await walk_routes(engine, ctx, requested, self._messages, self._kwargs)
-        except Exception:
+                self.report.stream_restarts += 1
+                marker = StreamRestart(ctx.call_id, self._group, shown, failure.error_class, "continue")
+                return marker, self._successor(nxt, shown)
+            refusers = prefill_state.settle_refusals(engine, ctx, before) - before.never_again
+            if ctx.deadline.remaining() <= engine.policy.min_attempt_time:
+                self._give_up(failure)
+                return None
+        nxt = await self._from_scratch(refusers)
+        if nxt is None:
             self._give_up(failure)
             return None
-        self._next = nxt
-        return StreamRestart(ctx.call_id, self._group, self.partial_text, failure.error_class), nxt
+        self.report.stream_restarts += 1
+        return StreamRestart(ctx.call_id, self._group, shown, failure.error_class), self._successor(nxt, "")
+
+    async def _from_scratch(self, refusers: frozenset[str]) -> Any:
+        """The caller's own request again, on a remaining route (None: nowhere answered). The
+        deployments that just refused a prefill go last: elsewhere first, then them."""
+        engine, ctx = self._engine, self._ctx
+        assert self._messages is not None
+        for dep in refusers:
+            ctx.avoid(dep)
+        ctx.tentative = True  # a walk that fails does not end the call: _give_up publishes once
+        try:
+            try:
+                return await walk_routes(
+                    engine, ctx, self.report.requested_group, self._messages, self._kwargs
+                )
+            except Exception:
+                if not refusers or ctx.deadline.remaining() <= engine.policy.min_attempt_time:
+                    return None
+            ctx.never_again = ctx.never_again - refusers  # healthy but for the prefill: last resort
+            try:
+                return await walk_routes(
+                    engine, ctx, self.report.requested_group, self._messages, self._kwargs
+                )
+            except Exception:
+                return None
+        finally:
+            ctx.tentative = False
 
     async def _resumed(self, marker: StreamRestart, nxt: Any) -> AsyncIterator[Any]:
         """The rest of the answer from the new route. A restart that repeats what the caller
@@ -321,6 +368,7 @@ class ResilientStream:
         """Surface the original mid-stream failure after a recovery attempt did not work."""
         self.report.outcome = "failure"
         self.report.error_class = failure.error_class
+        self.report.total_latency_s = self._engine.clock.wall() - self.report.started_at
         self._engine.emit(self._ctx, self.report)
 
     def _observe(self, chunk: Any) -> None:
@@ -364,6 +412,7 @@ class ResilientStream:
         )
         self._count_skips()
         self.report.outcome = "success"
+        self.report.error_class = None  # a route that failed on the way is in the attempts
         self.report.usage = self.usage
         self.report.deployment_id = self._actx.picked
         self.report.total_latency_s = engine.clock.wall() - self.report.started_at
