@@ -14,6 +14,7 @@ from llm_resilience_plugin._engine.core import (
     DeadlineSkip,
     Served,
     attempt_timeouts,
+    coarse_timeout,
 )
 from llm_resilience_plugin._engine.dispatch import SyncDispatcher
 from llm_resilience_plugin._engine.engine import Engine
@@ -60,6 +61,11 @@ def begin(
     cap = call.opts.attempt_timeout or pol.attempt_timeout
     learned = limit != cap and limit != pol.first_chunk_timeout and limit != call.opts.first_chunk_timeout
     timeout, sent_timeout, bound = attempt_timeouts(limit, remaining, cap if learned else None)
+    if call.stream and sent_timeout < (whole := min(cap, remaining)):
+        # LiteLLM's timeout is also every later read's: a pause between chunks is the idle
+        # watchdog's to judge, so LiteLLM gets the attempt's whole limit and the watchdog holds
+        # the first chunk's, exactly.
+        sent_timeout, bound = (whole if whole == cap else coarse_timeout(whole, cap)), timeout
     actx = AttemptContext(
         engine=engine,
         call=call,

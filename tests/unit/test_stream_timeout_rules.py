@@ -123,3 +123,23 @@ def test_check_labels_the_learned_timeouts_as_static_defaults() -> None:
     assert f"after {MIN_SAMPLES}" in line and "nowhere else to go" in line
     fixed = _engine(first_chunk_timeout=7, stream_idle_timeout=4).policies["primary"].model_dump(mode="json")
     assert stream_timeouts_line(fixed) == "first chunk 7.0s, idle 4.0s"
+
+
+def test_litellm_gets_the_whole_attempt_limit_for_a_stream_and_the_watchdog_the_first_chunk() -> None:
+    """LiteLLM's timeout is also every later read's: were it the (learned, short) first-chunk
+    limit, a healthy pause between chunks longer than that would be cut by the HTTP client, not
+    judged by the idle timeout. The watchdog holds the first chunk's limit exactly."""
+    from llm_resilience_plugin._engine.attempts import begin
+
+    engine = _engine()
+    engine.dispatcher = None
+    for _ in range(MIN_SAMPLES):
+        engine.timings["primary"].observe_ttft(0.01)  # fast first tokens: the 1 s floor is learned
+    call = _call(engine, "primary")
+    actx, sent, bound, _, _ = begin(engine, call, "primary", 0)
+    assert actx.timeout_s == bound == FLOOR  # the first chunk: the watchdog's, exact
+    assert sent == 30.0  # LiteLLM (every read): the attempt timeout
+    plain = _call(engine, "primary")
+    plain.stream = False
+    _, sent_plain, _, _, _ = begin(engine, plain, "primary", 0)
+    assert sent_plain == 30.0  # a non-stream attempt is unchanged (nothing learned here)
