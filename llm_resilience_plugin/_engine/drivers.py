@@ -203,7 +203,7 @@ def walk_routes_sync(
                     with attempt:
                         result = attempts.attempt_sync(engine, call, group, level, walk.messages, walk.kwargs)
             except AttemptFailed:
-                if state.gave_up_reason is not None and state.gave_up_reason.startswith("no time left"):
+                if state.out_of_time:
                     call.out_of_time = True
                 raise
         except AttemptFailed as af:
@@ -396,7 +396,7 @@ async def _retry_group(
                     return await attempts.attempt(engine, call, group, level, messages, kwargs)
                 return await _hedged_attempt(engine, call, group, level, messages, kwargs, hedge)
     except AttemptFailed:
-        if state.gave_up_reason is not None and state.gave_up_reason.startswith("no time left"):
+        if state.out_of_time:
             call.out_of_time = True
         raise
     raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover

@@ -155,6 +155,7 @@ class GroupRetryState:
     cut_short: Callable[[float], None] | None = None  # told the seconds slept of a hold cut short
     retries_by_class: dict[ErrorClass, int] = field(default_factory=dict)
     gave_up_reason: str | None = None
+    out_of_time: bool = False  # gave up because the deadline has no room for another attempt
     hold_waited: float = 0.0  # seconds this call has waited for Retry-After holds of the group
     hold_allowance: float | None = None  # at most one hold's worth of waiting (set by the first)
     shed: str | None = None  # why the wait just computed is not taken: fail over at once
@@ -273,6 +274,7 @@ class GroupRetryState:
             return True
         if upcoming + self.policy.min_attempt_time > self.deadline.remaining():
             self.gave_up_reason = "no time left for another attempt: failing over"
+            self.out_of_time = True
             return True
         return False
 
