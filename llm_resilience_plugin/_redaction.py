@@ -26,6 +26,7 @@ _KEY_LIKE_RE = re.compile(
 )
 
 _secrets: set[str] = set()
+MIN_SECRET_BODY = 16  # the shortest part of a key after a dash that is scrubbed on its own
 _secrets_lock = threading.Lock()
 _secret_re: re.Pattern[str] | None = None
 
@@ -35,10 +36,14 @@ def register_secret(value: str | None) -> None:
     global _secret_re
     if not isinstance(value, str) or len(value) < 4:
         return
+    # A provider may echo a key without its prefix ("sk-", "sk-proj-", ...): its body after a
+    # dash is scrubbed too, when long enough not to match ordinary text.
+    parts = {value, *(value.split("-", i)[-1] for i in range(1, value.count("-") + 1))}
+    new = {p for p in parts if p == value or len(p) >= MIN_SECRET_BODY}
     with _secrets_lock:
-        if value in _secrets:
+        if new <= _secrets:
             return
-        _secrets.add(value)
+        _secrets.update(new)
         _secret_re = re.compile("|".join(re.escape(s) for s in sorted(_secrets, key=len, reverse=True)))
 
 
