@@ -108,11 +108,14 @@ async def test_a_hedged_call_counts_a_hedge_sent_and_won(
     events: list[Any] = []
     router.subscribe(events.append)
     sim.set_default("a", Fault.ok(latency=0.8))  # a hedge to the fast deployment answers first
-    for _ in range(6):
+    # The first deployment is a random pick: call until a has started (and been hedged) once.
+    for i in range(40):
         await router.acompletion(model="primary", messages=MSG, max_tokens=5)
-    sent = [e for e in events if isinstance(e, HedgeSent)]
-    # b is hedged too when a loaded machine keeps it past the 0.05 s delay; then b itself answers
-    from_a = [h for h in sent if h.first_deployment == "a"]
+        sent = [e for e in events if isinstance(e, HedgeSent)]
+        # b is hedged too when a loaded machine keeps it past the 0.05 s delay; then b itself answers
+        from_a = [h for h in sent if h.first_deployment == "a"]
+        if i >= 5 and from_a:
+            break
     assert from_a
 
     assert tel.prom("llm_resilience_hedges_total", group="primary") == len(sent)
