@@ -117,6 +117,41 @@ def failed(
     return AttemptFailed(failure, actx.picked)
 
 
+def stream_ended(
+    engine: Engine,
+    actx: AttemptContext,
+    level: int,
+    t0: float,
+    started_wall: float,
+    wait_before: float,
+    exc: BaseException | None = None,
+    *,
+    final: bool = True,
+    ttft: float | None = None,
+    **served: Any,
+) -> Failure | None:
+    """Account for a live stream's end after its first chunk (every dispatcher's streams): its
+    attempt succeeded, or failed (classified once, returned); the call's report is then final
+    and published, unless ``final`` is False (a failure that a recovery takes over)."""
+    call, latency = actx.call, engine.clock.monotonic() - t0
+    r = call.report
+    failure = None
+    if exc is None:
+        engine.attempt_succeeded(
+            call, actx.group, level, actx, started_wall, latency, wait_before, ttft, **served
+        )
+        r.outcome, r.error_class, r.deployment_id = "success", None, actx.picked
+    else:
+        failure = classify(exc)
+        engine.attempt_failed(call, actx.group, level, actx, failure, started_wall, latency, wait_before)
+        if not final:
+            return failure
+        r.outcome, r.error_class = "failure", failure.error_class
+    r.total_latency_s = engine.clock.wall() - r.started_at
+    engine.emit(call, r)
+    return failure
+
+
 def answered(
     engine: Engine,
     actx: AttemptContext,

@@ -454,35 +454,12 @@ class ResilientRunnable(Runnable[Input, Output]):
         self, call: CallState, relay: _Relay, failure_exc: BaseException | None, ttft: float | None
     ) -> Failure | None:
         """Account for a relayed stream's end: success, or a failure after its first chunk."""
-        engine = self.engine
-        latency = engine.clock.monotonic() - relay.t0
-        r = call.report
         if failure_exc is None:
-            engine.attempt_succeeded(
-                call,
-                self.step,
-                relay.level,
-                relay.attempt,
-                relay.started_wall,
-                latency,
-                relay.wait_before,
-                ttft,
-            )
-            r.outcome, r.served_group, r.deployment_id = "success", self.step, self.step
-        else:
-            failed = attempts.failed(
-                engine,
-                relay.attempt,
-                relay.level,
-                failure_exc,
-                relay.t0,
-                relay.started_wall,
-                relay.wait_before,
-            )
-            r.outcome, r.error_class = "failure", failed.failure.error_class
-        r.total_latency_s = engine.clock.wall() - r.started_at
-        engine.emit(call, r)
-        return None if failure_exc is None else failed.failure
+            call.report.served_group = self.step
+        return attempts.stream_ended(
+            self.engine, relay.attempt, relay.level, relay.t0, relay.started_wall, relay.wait_before,
+            failure_exc, ttft=ttft,
+        )  # fmt: skip
 
     def _interrupted(
         self, call: CallState, relay: _Relay, exc: BaseException, failure: Failure | None

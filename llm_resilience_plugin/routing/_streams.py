@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
 
 from llm_resilience_plugin._engine import prefill as prefill_state
+from llm_resilience_plugin._engine.attempts import stream_ended
 from llm_resilience_plugin._engine.drivers import walk_routes
 from llm_resilience_plugin._engine.taxonomy import classify
 from llm_resilience_plugin._engine.watchdog import AttemptWatchdog
@@ -396,27 +397,20 @@ class ResilientStream:
         self._abandoned.detach()
         engine = self._engine
         engine.timings[self._group].observe_gap(self._max_gap)
-        latency = engine.clock.monotonic() - self._t0
-        engine.attempt_succeeded(
-            self._ctx,
-            self._group,
-            self._level,
+        self._count_skips()
+        self.report.usage = self.usage
+        stream_ended(
+            engine,
             self._actx,
+            self._level,
+            self._t0,
             self._started_wall,
-            latency,
             self._wait_before,
-            self._ttft,
+            ttft=self._ttft,
             usage=self.usage,
             served_model=self.report.served_model,
             cost=self.report.response_cost,
         )
-        self._count_skips()
-        self.report.outcome = "success"
-        self.report.error_class = None  # a route that failed on the way is in the attempts
-        self.report.usage = self.usage
-        self.report.deployment_id = self._actx.picked
-        self.report.total_latency_s = engine.clock.wall() - self.report.started_at
-        engine.emit(self._ctx, self.report)
 
     def _fail(self, exc: BaseException, *, final: bool) -> None:
         if self._closed:
@@ -424,27 +418,11 @@ class ResilientStream:
         self._closed = True
         self._abandoned.detach()
         self._count_skips()
-        engine = self._engine
-        failure = classify(exc)
-        latency = engine.clock.monotonic() - self._t0
         if self._actx.guard_tokens and self.partial_text:
             # Content was generated (and billed): settle like a stream cut short, not a release.
             self._actx.settle_guards(None, self.usage, None, billable=True, produced=bool(self.partial_text))
-        engine.attempt_failed(
-            self._ctx,
-            self._group,
-            self._level,
-            self._actx,
-            failure,
-            self._started_wall,
-            latency,
-            self._wait_before,
-        )
-        if final:
-            self.report.outcome = "failure"
-            self.report.error_class = failure.error_class
-            self.report.total_latency_s = engine.clock.wall() - self.report.started_at
-            engine.emit(self._ctx, self.report)
+        t0, started, waited = self._t0, self._started_wall, self._wait_before
+        stream_ended(self._engine, self._actx, self._level, t0, started, waited, exc, final=final)
 
     def _close_cancelled(self) -> None:
         if self._closed:
