@@ -54,6 +54,15 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+@pytest.fixture
+def routers() -> Iterator[list[ResilientRouter]]:
+    """A list to put routers in; each is closed after the test."""
+    made: list[ResilientRouter] = []
+    yield made
+    for r in made:
+        r.close()
+
+
 RouterFactory = Callable[..., ResilientRouter]
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import litellm
@@ -42,14 +41,6 @@ def _routers(
         )
         for mode in MODES
     }
-
-
-@pytest.fixture
-def routers() -> Iterator[list[ResilientRouter]]:
-    made: list[ResilientRouter] = []
-    yield made
-    for r in made:
-        r.close()
 
 
 class Recorder:

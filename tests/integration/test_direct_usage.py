@@ -5,7 +5,6 @@ success/failure counts, the same ``x-ratelimit-*`` headers. (Such groups dispatc
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -22,12 +21,10 @@ EMBED = {"model": "openai/text-embedding-3-small"}
 
 
 @pytest.fixture
-def routers(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[ResilientRouter]]:
+def routers(routers: list[ResilientRouter], monkeypatch: pytest.MonkeyPatch) -> list[ResilientRouter]:
+    """The shared fixture, with usage-counted groups sent directly."""
     monkeypatch.setattr(_direct_plan, "USAGE_DIRECT", True)
-    made: list[ResilientRouter] = []
-    yield made
-    for r in made:
-        r.close()
+    return routers
 
 
 def _pair(made: list[ResilientRouter], model_list: list[Any]) -> dict[str, ResilientRouter]:

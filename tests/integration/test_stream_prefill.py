@@ -4,7 +4,6 @@ refused prefill that restarts elsewhere instead of surfacing, honest labels and 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,14 +16,6 @@ from tests.conftest import FAST_POLICY, _merge, deployment
 
 LONG = [{"role": "user", "content": "tell me a long story about cats and dogs and birds"}]
 PREFILL = {"continue_streams_with_prefill": True}
-
-
-@pytest.fixture
-def routers() -> Iterator[list[ResilientRouter]]:
-    made: list[ResilientRouter] = []
-    yield made
-    for r in made:
-        r.close()
 
 
 def make(
@@ -157,14 +148,24 @@ async def test_when_the_restart_finds_no_route_the_original_failure_surfaces(sim
 # -- a second break ---------------------------------------------------------------------------
 
 
-async def test_a_second_break_continues_with_one_prefill_of_everything_shown(sim, routers) -> None:
-    router = make(sim, routers, {"primary": {"a1": True, "a2": True}, "backup": {"b": True}}, ["backup"])
+async def _both_primaries_cut(
+    sim: ProviderSimulator, routers: list[ResilientRouter], *, backup_prefills: bool
+) -> tuple[Any, str, list[StreamRestart], str, str]:
+    """Both primary deployments (prefill-capable) cut after 3 chunks, then the backup: the stream,
+    its text and markers, the first deployment cut and all the text shown before the backup."""
+    groups = {"primary": {"a1": True, "a2": True}, "backup": {"b": backup_prefills}}
+    router = make(sim, routers, groups, ["backup"])
     sim.set_default("a1", Fault.stream_cut(after_chunks=3))
     sim.set_default("a2", Fault.stream_cut(after_chunks=3))
     stream = await router.acompletion(model="primary", messages=LONG, stream=True)
     text, markers = await read(stream)
     first, second = (r.deployment for r in sim.requests() if r.deployment != "b")
     shown = f"Hello from {first}. Hello from {second}. "
+    return stream, text, markers, first, shown
+
+
+async def test_a_second_break_continues_with_one_prefill_of_everything_shown(sim, routers) -> None:
+    stream, text, markers, first, shown = await _both_primaries_cut(sim, routers, backup_prefills=True)
     assert [(m.mode, m.discarded_text) for m in markers] == [
         ("continue", f"Hello from {first}. "),
         ("continue", shown),
@@ -177,13 +178,7 @@ async def test_a_second_break_continues_with_one_prefill_of_everything_shown(sim
 
 
 async def test_a_restart_after_a_continue_sends_the_callers_own_messages(sim, routers) -> None:
-    router = make(sim, routers, {"primary": {"a1": True, "a2": True}, "backup": {"b": False}}, ["backup"])
-    sim.set_default("a1", Fault.stream_cut(after_chunks=3))
-    sim.set_default("a2", Fault.stream_cut(after_chunks=3))
-    stream = await router.acompletion(model="primary", messages=LONG, stream=True)
-    text, markers = await read(stream)
-    first, second = (r.deployment for r in sim.requests() if r.deployment != "b")
-    shown = f"Hello from {first}. Hello from {second}. "
+    stream, text, markers, first, shown = await _both_primaries_cut(sim, routers, backup_prefills=False)
     assert [(m.mode, m.discarded_text) for m in markers] == [
         ("continue", f"Hello from {first}. "),
         ("restart", shown),

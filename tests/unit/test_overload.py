@@ -133,23 +133,31 @@ class _Forever(Clock):
         await asyncio.Event().wait()
 
 
+def _waiting_on_a(
+    engine: Engine, clock: Clock, holds: HoldQueue, hold: float, cut_short: Any
+) -> GroupRetryState:
+    """A call's retry state as it starts waiting out ``hold`` seconds of deployment a's hold,
+    released early when a turns out to be our own load."""
+    return GroupRetryState(
+        policy=engine.policies["primary"],
+        budget=engine.budgets["primary"],
+        deadline=Deadline.after(clock, hold * 2 + 10),
+        rng=random.Random(1),
+        earliest_free=lambda: hold,
+        overloaded=lambda: holds.saturated("a"),
+        holds=holds,
+        waiting_hold=True,
+        cut_short=cut_short,
+    )
+
+
 async def test_a_call_waiting_out_a_hold_is_released_when_it_turns_out_to_be_our_load() -> None:
     engine, _, _ = _engine({})
     clock = _Forever()
     holds = HoldQueue()
     slept: list[float] = []
     holds.held("a", clock.wall(), 1.0)
-    state = GroupRetryState(
-        policy=engine.policies["primary"],
-        budget=engine.budgets["primary"],
-        deadline=Deadline.after(clock, 10.0),
-        rng=random.Random(1),
-        earliest_free=lambda: 1.0,
-        overloaded=lambda: holds.saturated("a"),
-        holds=holds,
-        waiting_hold=True,
-        cut_short=slept.append,
-    )
+    state = _waiting_on_a(engine, clock, holds, 1.0, slept.append)
     waiting = asyncio.ensure_future(hold_sleep(state, clock, 1.0))
     await asyncio.sleep(0)
     holds.held("a", clock.wall(), 1.0)  # a second refusal in the same hold
@@ -168,17 +176,7 @@ def test_a_blocking_call_waiting_out_a_hold_is_released_when_it_turns_out_to_be_
     holds = HoldQueue()
     slept: list[float] = []
     holds.held("a", clock.wall(), 30.0)
-    state = GroupRetryState(
-        policy=engine.policies["primary"],
-        budget=engine.budgets["primary"],
-        deadline=Deadline.after(clock, 60.0),
-        rng=random.Random(1),
-        earliest_free=lambda: 30.0,
-        overloaded=lambda: holds.saturated("a"),
-        holds=holds,
-        waiting_hold=True,
-        cut_short=slept.append,
-    )
+    state = _waiting_on_a(engine, clock, holds, 30.0, slept.append)
     sleeper = threading.Thread(target=hold_sleep_blocking, args=(state, clock, 30.0))
     t0 = time.monotonic()
     sleeper.start()
@@ -200,17 +198,7 @@ def test_a_blocking_hold_wait_that_is_not_our_load_sleeps_it_out() -> None:
     holds = HoldQueue()
     holds.held("a", clock.wall(), 0.2)
     cut: list[float] = []
-    state = GroupRetryState(
-        policy=engine.policies["primary"],
-        budget=engine.budgets["primary"],
-        deadline=Deadline.after(clock, 10.0),
-        rng=random.Random(1),
-        earliest_free=lambda: 0.2,
-        overloaded=lambda: holds.saturated("a"),
-        holds=holds,
-        waiting_hold=True,
-        cut_short=cut.append,
-    )
+    state = _waiting_on_a(engine, clock, holds, 0.2, cut.append)
     sleeper = threading.Thread(target=hold_sleep_blocking, args=(state, clock, 0.2))
     t0 = time.monotonic()
     sleeper.start()
