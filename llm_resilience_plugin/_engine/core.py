@@ -219,8 +219,12 @@ def streams_recovered(opts: CallOptions, pol: EffectivePolicy) -> bool:
     """Is a stream that breaks after content recovered - by the router (the call's
     ``recover_streams``, else the policy's switches) or by its caller (the chat model's
     ``invoke``, which asks again)? Only then may its idle limit be learned below the default."""
-    if opts.recovered_by_caller:
-        return True
+    return opts.recovered_by_caller or router_recovers_streams(opts, pol)
+
+
+def router_recovers_streams(opts: CallOptions, pol: EffectivePolicy) -> bool:
+    """Does the router itself resume this call's stream when it breaks after content (the
+    call's ``recover_streams``, else the policy's restart/prefill switches)?"""
     if opts.recover_streams is not None:
         return opts.recover_streams
     return pol.restart_broken_streams or pol.continue_streams_with_prefill

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from llm_resilience_plugin._engine import prefill as prefill_state
 from llm_resilience_plugin._engine.attempts import stream_ended
+from llm_resilience_plugin._engine.core import router_recovers_streams
 from llm_resilience_plugin._engine.drivers import walk_routes
 from llm_resilience_plugin._engine.taxonomy import classify
 from llm_resilience_plugin._engine.watchdog import AttemptWatchdog
@@ -233,11 +234,7 @@ class ResilientStream:
         self._succeed()
 
     def _recovers(self) -> bool:
-        opt = self._ctx.opts.recover_streams
-        if opt is not None:
-            return opt
-        pol = self._engine.policies[self.report.requested_group]
-        return pol.restart_broken_streams or pol.continue_streams_with_prefill
+        return router_recovers_streams(self._ctx.opts, self._engine.policies[self.report.requested_group])
 
     async def _restart(self, exc: BaseException) -> tuple[StreamRestart, Any] | None:
         """Resume a broken stream on another route, as often as the policy's cap and the deadline
