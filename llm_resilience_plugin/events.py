@@ -212,20 +212,26 @@ class StreamRestart:
     ``mode="continue"``: the next chunks continue ``discarded_text`` (assistant prefill); keep it.
     ``mode="resume"``: the new route repeated ``discarded_text`` word for word, so the stream
     simply goes on after it (nothing to do; this mode is an event only, never yielded in-band).
+    ``mode="answer"`` (``recover_streams="answer"``): the call was answered again without
+    streaming; the whole answer is ``response`` and the stream ends after this marker.
     """
 
     call_id: str
     model_group: str
     discarded_text: str
     error_class: ErrorClass
-    mode: Literal["restart", "continue", "resume"] = "restart"
+    mode: Literal["restart", "continue", "resume", "answer"] = "restart"
+    response: Any = field(default=None, repr=False, compare=False)
+    """The whole answer (``mode="answer"`` only; never in :meth:`to_dict`)."""
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["error_class"] = str(self.error_class)
-        d["discarded_chars"] = len(self.discarded_text)
-        del d["discarded_text"]
-        return d
+        return {
+            "call_id": self.call_id,
+            "model_group": self.model_group,
+            "error_class": str(self.error_class),
+            "mode": self.mode,
+            "discarded_chars": len(self.discarded_text),
+        }
 
 
 @dataclass(slots=True, repr=False)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import tenacity
 
@@ -69,7 +69,8 @@ class CallOptions:
     stream_idle_timeout: float | None = None
     priority: str | None = None
     scenario: str | None = None
-    recover_streams: bool | None = None  # None: the policy decides
+    # True/False, or "answer" (recover by asking again without streaming); None: the policy decides
+    recover_streams: bool | Literal["answer"] | None = None
     recovered_by_caller: bool = False  # the caller recovers a stream broken after content itself
     avoid: frozenset[str] = frozenset()  # deployment ids this call never sends to
 
@@ -192,8 +193,11 @@ def split_options(kwargs: Mapping[str, Any]) -> tuple[CallOptions, dict[str, Any
     if scenario is not None and not isinstance(scenario, str):
         raise ConfigError("scenario", "must be a string naming a configured static answer")
     recover = kwargs.get("recover_streams")
-    if recover is not None and not isinstance(recover, bool):
-        raise ConfigError("recover_streams", "must be True or False (None: as the policy says)")
+    if recover is not None and not isinstance(recover, bool) and recover != "answer":
+        raise ConfigError(
+            "recover_streams",
+            "must be True, False or 'answer' (ask again without streaming); None: as the policy says",
+        )
     by_caller = kwargs.get("recovered_by_caller", False)
     if not isinstance(by_caller, bool):
         raise ConfigError("recovered_by_caller", "must be True or False")
@@ -226,7 +230,7 @@ def router_recovers_streams(opts: CallOptions, pol: EffectivePolicy) -> bool:
     """Does the router itself resume this call's stream when it breaks after content (the
     call's ``recover_streams``, else the policy's restart/prefill switches)?"""
     if opts.recover_streams is not None:
-        return opts.recover_streams
+        return bool(opts.recover_streams)
     return pol.restart_broken_streams or pol.continue_streams_with_prefill
 
 

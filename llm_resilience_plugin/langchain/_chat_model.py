@@ -26,7 +26,7 @@ from langchain_core.runnables import Runnable
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import AliasChoices, BaseModel, Field, PrivateAttr, SecretStr, field_serializer, field_validator
 
-from llm_resilience_plugin.errors import ConfigError, StreamInterruptedError, UnknownModelGroupError
+from llm_resilience_plugin.errors import ConfigError, UnknownModelGroupError
 from llm_resilience_plugin.langchain._bridge import AnyRunManager, EventSink, bridge_router, find_run_manager
 from llm_resilience_plugin.langchain._construction import (
     RouterLease,
@@ -37,7 +37,7 @@ from llm_resilience_plugin.langchain._construction import (
 )
 from llm_resilience_plugin.langchain._convert import json_safe, to_openai_messages
 from llm_resilience_plugin.langchain._lifecycle import ClosesRouter
-from llm_resilience_plugin.langchain._recovery import reask_kwargs
+from llm_resilience_plugin.langchain._recovery import AnsweredAgain, handed_over
 from llm_resilience_plugin.langchain._requests import ChatRequest, cache_key, prepare_request, run_config
 from llm_resilience_plugin.langchain._tools import (
     StructuredOutputMethod,
@@ -354,27 +354,23 @@ class ResilientChatModel(ClosesRouter, BaseChatModel):
 
     def invoke(self, input: LanguageModelInput, config: Any = None, **kwargs: Any) -> AIMessage:
         """``BaseChatModel.invoke``, with ``config`` visible to the request (its deadline). A
-        stream broken after content (LangChain streaming internally) is recovered by asking again
-        without streaming, as the rest of the same call (see ``_recovery``)."""
+        stream broken after content (LangChain streaming internally) is answered again whole
+        inside the same call, and that answer is the result (see ``_recovery``)."""
         with run_config(config, aggregating=True):
             try:
                 return super().invoke(input, config, **kwargs)
-            except StreamInterruptedError as exc:
-                again = reask_kwargs(self.get_router(), self, kwargs, exc)
-                if again is None:
-                    raise
-                return super().invoke(input, config, **again)
+            except AnsweredAgain as again:
+                with handed_over(again):
+                    return super().invoke(input, config, **{**kwargs, "stream": False})
 
     async def ainvoke(self, input: LanguageModelInput, config: Any = None, **kwargs: Any) -> AIMessage:
         """``BaseChatModel.ainvoke``; a broken internal stream is recovered as in :meth:`invoke`."""
         with run_config(config, aggregating=True):
             try:
                 return await super().ainvoke(input, config, **kwargs)
-            except StreamInterruptedError as exc:
-                again = reask_kwargs(self.get_router(), self, kwargs, exc)
-                if again is None:
-                    raise
-                return await super().ainvoke(input, config, **again)
+            except AnsweredAgain as again:
+                with handed_over(again):
+                    return await super().ainvoke(input, config, **{**kwargs, "stream": False})
 
     def stream(self, input: LanguageModelInput, config: Any = None, **kwargs: Any) -> Iterator[Any]:
         """``BaseChatModel.stream``, with ``config`` visible to the request (its deadline)."""

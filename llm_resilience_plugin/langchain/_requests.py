@@ -20,6 +20,7 @@ from llm_resilience_plugin.events import CallReport, DeploymentInfo, StreamResta
 from llm_resilience_plugin.langchain._bridge import EventSink, config_deadline
 from llm_resilience_plugin.langchain._construction import masked
 from llm_resilience_plugin.langchain._convert import StreamAssembler, generations_from_response, json_safe
+from llm_resilience_plugin.langchain._recovery import AnsweredAgain, take_answer
 from llm_resilience_plugin.routing import (
     ResilientRouter,
     ResilientStream,
@@ -36,8 +37,8 @@ LC_ONLY_KWARGS = frozenset({"stream", "ls_structured_output_format", "run_manage
 """LangChain-level kwargs that never go to the provider."""
 
 
-# Set while invoke/ainvoke run: a stream they open is one LangChain aggregates, and they recover it
-# themselves (by asking again) if it breaks after content.
+# Set while invoke/ainvoke run: a stream they open is one LangChain aggregates; a break after content
+# is recovered by answering the call again whole (see _recovery).
 AGGREGATING: ContextVar[bool] = ContextVar("llm_resilience_aggregating", default=False)
 
 
@@ -169,9 +170,13 @@ def response_metadata(
 def _after_marker(asm: StreamAssembler, item: Any, stream: Any) -> StreamAssembler:
     """Chunks already handed to LangChain cannot be taken back: a restart marker after content
     ends the stream as interrupted (its text would be spliced onto the new answer); before any
-    content it starts a fresh assembly; a continuation keeps what was sent."""
-    if not isinstance(item, StreamRestart) or item.mode != "restart":
+    content it starts a fresh assembly; a continuation keeps what was sent. An ``"answer"``
+    marker (a stream ``invoke`` aggregates, answered again whole) ends the streamed run with
+    :class:`AnsweredAgain`, which ``invoke`` turns into its result."""
+    if not isinstance(item, StreamRestart) or item.mode in ("continue", "resume"):
         return asm
+    if item.mode == "answer":
+        raise AnsweredAgain(item, getattr(stream, "report", None))
     if item.discarded_text:
         raise StreamInterruptedError(
             "the stream restarted on another route after content was sent; the chat model cannot"
@@ -201,8 +206,9 @@ class ChatRequest:
         if not stream:
             return self.params
         options = {**(self.params.get("stream_options") or {}), "include_usage": True}
-        if AGGREGATING.get():  # invoke asks again if this stream breaks after content
-            return {**self.params, "stream_options": options, "recovered_by_caller": True}
+        if AGGREGATING.get():  # a break after content: the call is answered again whole
+            recovery = {"recover_streams": self.params.get("recover_streams", "answer")}
+            return {**self.params, **recovery, "stream_options": options, "recovered_by_caller": True}
         return {**self.params, "stream_options": options}
 
     def send(self, *, stream: bool) -> Any:
@@ -210,6 +216,9 @@ class ChatRequest:
         # The router runs its async attempt loop on a private thread shared by every sync call:
         # no sync callback runs there. Events are buffered and delivered on this thread (or, with
         # on_retry, on a worker thread while the retry waits; see _bridge).
+        answer = None if stream else take_answer()
+        if answer is not None:  # the rest of a broken stream's call, already answered
+            return answer
         try:
             with self.sink.scope():
                 return self.router.completion(
@@ -222,6 +231,9 @@ class ChatRequest:
 
     async def asend(self, *, stream: bool) -> Any:
         """Call the router from an async run: a response, or a :class:`ResilientStream`."""
+        answer = None if stream else take_answer()
+        if answer is not None:
+            return answer
         try:
             with self.sink.scope():
                 return await self.router.acompletion(

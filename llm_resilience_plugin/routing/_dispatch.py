@@ -16,6 +16,7 @@ import litellm
 from llm_resilience_plugin._engine.attempt import AttemptContext
 from llm_resilience_plugin._engine.dispatch import CHAT, PAYLOAD_KEYS
 from llm_resilience_plugin._engine.engine import Engine, served_deployment
+from llm_resilience_plugin._engine.live import LiveAttempt
 from llm_resilience_plugin._engine.watchdog import AttemptWatchdog
 from llm_resilience_plugin.events import (
     REPORT_KEY,
@@ -169,19 +170,8 @@ class RouterDispatcher:
         kwargs: dict[str, Any],
     ) -> ResilientStream:
         """The caller's stream over LiteLLM's, reporting its end back to the engine."""
-        stream = ResilientStream(
-            self.engine,
-            attempt.call,
-            attempt.group,
-            level,
-            attempt,
-            prefetched,
-            started_wall,
-            latency,
-            wait_before,
-        )
-        stream.bind_restart(messages, kwargs)
-        return stream
+        live = LiveAttempt(self.engine, attempt, level, started_wall, latency, wait_before)
+        return ResilientStream(live, prefetched, messages, kwargs)
 
     def static_stream(self, response: Any, attempt_call: Any) -> StaticStream:
         """A configured static answer as a one-chunk stream."""

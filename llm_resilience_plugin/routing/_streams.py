@@ -3,8 +3,10 @@
 Chunks are read inside the attempt until the first one with content, a tool call or a finish
 reason, so failures before anything reaches the caller are ordinary (retryable) attempt
 failures. After that, a failure raises :class:`StreamInterruptedError` with the partial text —
-or, where ``restart_broken_streams`` is on, yields a :class:`StreamRestart` marker and starts
-over on another route. A stream that ends without a finish reason is never a success.
+or, where recovery is on, the engine resumes the call (:mod:`.._engine.stream_recovery`) and the
+stream yields a :class:`StreamRestart` marker before the new route's chunks. A stream that ends
+without a finish reason is never a success. Streams reach the engine only through their
+:class:`LiveAttempt`.
 """
 
 from __future__ import annotations
@@ -15,13 +17,8 @@ import weakref
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
 
-from llm_resilience_plugin._engine import prefill as prefill_state
-from llm_resilience_plugin._engine.attempts import stream_ended
-from llm_resilience_plugin._engine.core import router_recovers_streams
-from llm_resilience_plugin._engine.drivers import walk_routes
-from llm_resilience_plugin._engine.taxonomy import classify
 from llm_resilience_plugin._engine.watchdog import AttemptWatchdog
-from llm_resilience_plugin.errors import StreamInterruptedError
+from llm_resilience_plugin.errors import Failure, StreamInterruptedError
 from llm_resilience_plugin.events import CallReport, StreamRestart, hidden_params_of
 from llm_resilience_plugin.routing._chunks import (
     chunk_finish,
@@ -35,10 +32,11 @@ from llm_resilience_plugin.routing._chunks import (
 )
 
 if TYPE_CHECKING:
-    from llm_resilience_plugin._engine.attempt import AttemptContext
     from llm_resilience_plugin._engine.core import CallState
     from llm_resilience_plugin._engine.drivers import SyncRunner
     from llm_resilience_plugin._engine.engine import Engine
+    from llm_resilience_plugin._engine.live import LiveAttempt
+    from llm_resilience_plugin._engine.stream_recovery import Recovered
     from llm_resilience_plugin.routing._sse_skip import EventSkipper
 
 
@@ -101,64 +99,37 @@ def _after_prefix(chunks: list[Any], skip: int) -> list[Any]:
     return out
 
 
-def _abandon(engine: Engine, actx: AttemptContext, parts: list[str]) -> None:
-    """A stream nobody finished: free its breaker ticket; the guards settle their estimate (the
-    request was sent and may be billed; ``parts`` says whether content reached the caller)."""
-    engine.release(actx.admission)
-    if actx.guard_tokens:
-        actx.settle_guards(None, None, None, billable=True, produced=any(parts))
-
-
 class ResilientStream:
-    """An async iterator of LiteLLM chunks (see the module docstring for the guarantees)."""
+    """An async iterator of LiteLLM chunks (see the module docstring for the guarantees). It only
+    relays chunks: accounting and recovery are the engine's, through its :class:`LiveAttempt`."""
 
     def __init__(
         self,
-        engine: Engine,
-        ctx: CallState,
-        group: str,
-        level: int,
-        actx: AttemptContext,
+        live: LiveAttempt,
         pre: Prefetched,
-        started_wall: float,
-        ttft: float,
-        wait_before: float,
+        messages: list[dict[str, Any]] | None = None,
+        kwargs: dict[str, Any] | None = None,
     ) -> None:
-        self._engine = engine
-        self._ctx = ctx
-        self._group = group
-        self._level = level
-        self._actx = actx
+        self._live = live
         self._pre = pre
-        self._started_wall = started_wall
-        self._t0 = engine.clock.monotonic() - ttft
-        self._ttft = ttft
-        self._wait_before = wait_before
         self._parts: list[str] = []
         self._max_gap = 0.0  # the longest silence between two chunks, for the learned idle timeout
-        self._hide_usage_chunk = False
         self._finish_reason: str | None = None
         self._closed = False
-        self._messages: list[dict[str, Any]] | None = None  # the caller's, as it sent them
-        self._kwargs: dict[str, Any] = {}
+        self._messages = messages  # the caller's, as it sent them (what a restart sends again)
+        self._kwargs = kwargs or {}
+        # The router always asks for usage (the report and the cost guard need it); a caller who
+        # did not ask never sees the usage-only last chunk, as with a plain Router.
+        self._hide_usage_chunk = not (self._kwargs.get("stream_options") or {}).get("include_usage")
         self._shown_before = ""  # the text this stream continues (assistant prefill), if any
         self._next: ResilientStream | StaticStream | None = None
         self._saw_tools = False
-        self.report = ctx.report
-        self.report.ttft_s = ttft
+        self.report = live.report
+        self.report.ttft_s = live.ttft
         self.usage: dict[str, int] | None = None
         # A stream dropped without being read to its end or closed still lets go of its breaker
         # ticket (a half-open probe) and settles its cost reservation, when it is collected.
-        self._abandoned = weakref.finalize(self, _abandon, engine, actx, self._parts)
-
-    def bind_restart(self, messages: list[dict[str, Any]], kwargs: dict[str, Any]) -> None:
-        """What a restart needs to send the request again from scratch."""
-        self._messages = messages
-        self._kwargs = kwargs
-        asked = (kwargs.get("stream_options") or {}).get("include_usage")
-        # The router always asks for usage (the report and the cost guard need it); a caller who
-        # did not ask never sees the usage-only last chunk, as with a plain Router.
-        self._hide_usage_chunk = not asked
+        self._abandoned = weakref.finalize(self, live.abandoned, self._parts)
 
     @property
     def partial_text(self) -> str:
@@ -183,9 +154,7 @@ class ResilientStream:
     async def _iterate(self) -> AsyncIterator[Any]:
         if self._closed:
             return
-        engine = self._engine
-        idle = engine.idle_timeout(self._ctx, self._group)  # learned from the group's streams
-        clock = engine.clock
+        live = self._live
         try:
             shown: Any = None
             for chunk in self._pre.buffered:
@@ -197,15 +166,14 @@ class ResilientStream:
                     yield chunk
             if not self._pre.done:
                 it = self._pre.stream.__aiter__()
-                last = clock.monotonic()
+                last = live.now()
                 while True:
-                    remaining = self._ctx.deadline.remaining()
                     try:
-                        with AttemptWatchdog(max(0.001, min(idle, remaining)), "stream idle"):
+                        with AttemptWatchdog(live.idle_limit(), "stream idle"):
                             chunk = await it.__anext__()
                     except StopAsyncIteration:
                         break
-                    now = clock.monotonic()
+                    now = live.now()
                     self._max_gap, last = max(self._max_gap, now - last), now
                     self._observe(chunk)
                     if self._hide_usage_chunk and is_usage_only(chunk):
@@ -219,117 +187,42 @@ class ResilientStream:
             self._close_cancelled()
             raise
         except Exception as exc:
-            restart = await self._restart(exc)
-            if restart is None:
+            recovered = await self._recover(exc)
+            if recovered is None:
                 raise StreamInterruptedError(
-                    f"stream from {self._actx.picked} failed after {len(self.partial_text)} chars: {exc}",
+                    f"stream from {live.picked} failed after {len(self.partial_text)} chars: {exc}",
                     self.partial_text,
                     exc,
                     self.report,
                 ) from exc
-            marker, nxt = restart
-            async for item in self._resumed(marker, nxt):
+            async for item in self._resumed(recovered):
                 yield item
             return
         self._succeed()
 
-    def _recovers(self) -> bool:
-        return router_recovers_streams(self._ctx.opts, self._engine.policies[self.report.requested_group])
-
-    async def _restart(self, exc: BaseException) -> tuple[StreamRestart, Any] | None:
-        """Resume a broken stream on another route, as often as the policy's cap and the deadline
-        allow: by assistant prefill where the route supports it (the answer continues), else from
-        scratch with the caller's own messages. A prefill refused (a bad request) is never
-        surfaced: the stream restarts from scratch. A restart that fails surfaces the original
-        failure."""
-        engine = self._engine
-        ctx = self._ctx
-        requested = self.report.requested_group
-        pol = engine.policies[requested]
-        if (
-            not self._recovers()
-            or self._messages is None
-            or self.report.stream_restarts >= pol.max_stream_restarts
-        ):
-            self._fail(exc, final=True)
+    async def _recover(self, exc: BaseException) -> Recovered | None:
+        """Account for the break and let the engine resume the call elsewhere, if it may."""
+        live = self._live
+        recovering = live.may_recover(self._messages is not None)
+        failure = self._fail(exc, final=not recovering)
+        if not recovering or failure is None or self._messages is None:
             return None
-        self._fail(exc, final=False)
-        failure = classify(exc)
-        if self._actx.picked is not None:
-            ctx.avoid(self._actx.picked)  # resume somewhere else: this one just broke
-        if ctx.deadline.remaining() <= engine.policy.min_attempt_time:
-            self._give_up(failure)
-            return None
-        shown = self.partial_text
-        constrained = "response_format" in self._kwargs or self._kwargs.get("tool_choice") not in (
-            None,
-            "auto",
-            "none",
+        return await live.recover(
+            failure, self._messages, self._kwargs, self.partial_text, saw_tools=self._saw_tools
         )
-        refusers: frozenset[str] = frozenset()
-        if (
-            pol.continue_streams_with_prefill
-            and ctx.operation == "completion"  # assistant prefill is a chat message
-            and shown
-            and not self._saw_tools
-            and not constrained
-        ):
-            # One assistant prefill with everything shown so far, after the caller's messages.
-            prefill = {"role": "assistant", "content": shown, "prefix": True}
-            before = prefill_state.mark(ctx)
-            ctx.require_prefill = True
-            try:
-                nxt = await walk_routes(engine, ctx, requested, [*self._messages, prefill], self._kwargs)
-            except Exception:
-                nxt = None  # refused or nowhere to continue: start over instead
-            finally:
-                ctx.require_prefill = False
-            if nxt is not None:
-                self.report.stream_restarts += 1
-                marker = StreamRestart(ctx.call_id, self._group, shown, failure.error_class, "continue")
-                return marker, self._successor(nxt, shown)
-            refusers = prefill_state.settle_refusals(engine, ctx, before) - before.never_again
-            if ctx.deadline.remaining() <= engine.policy.min_attempt_time:
-                self._give_up(failure)
-                return None
-        nxt = await self._from_scratch(refusers)
-        if nxt is None:
-            self._give_up(failure)
-            return None
-        self.report.stream_restarts += 1
-        return StreamRestart(ctx.call_id, self._group, shown, failure.error_class), self._successor(nxt, "")
 
-    async def _from_scratch(self, refusers: frozenset[str]) -> Any:
-        """The caller's own request again, on a remaining route (None: nowhere answered). The
-        deployments that just refused a prefill go last: elsewhere first, then them."""
-        engine, ctx = self._engine, self._ctx
-        assert self._messages is not None
-        for dep in refusers:
-            ctx.avoid(dep)
-        ctx.tentative = True  # a walk that fails does not end the call: _give_up publishes once
-        try:
-            try:
-                return await walk_routes(
-                    engine, ctx, self.report.requested_group, self._messages, self._kwargs
-                )
-            except Exception:
-                if not refusers or ctx.deadline.remaining() <= engine.policy.min_attempt_time:
-                    return None
-            ctx.never_again = ctx.never_again - refusers  # healthy but for the prefill: last resort
-            try:
-                return await walk_routes(
-                    engine, ctx, self.report.requested_group, self._messages, self._kwargs
-                )
-            except Exception:
-                return None
-        finally:
-            ctx.tentative = False
-
-    async def _resumed(self, marker: StreamRestart, nxt: Any) -> AsyncIterator[Any]:
-        """The rest of the answer from the new route. A restart that repeats what the caller
-        already has word for word goes on seamlessly after it (mode "resume", no marker in-band);
-        otherwise the marker comes first, so the caller knows to keep or discard its text."""
-        engine = self._engine
+    async def _resumed(self, recovered: Recovered) -> AsyncIterator[Any]:
+        """The rest of the answer. A restart that repeats what the caller already has word for
+        word goes on seamlessly after it (mode "resume", no marker in-band); otherwise the marker
+        comes first, so the caller knows to keep or discard its text. For ``"answer"`` the marker
+        (holding the whole answer) is the last item."""
+        marker = recovered.marker
+        live = self._live
+        if marker.mode == "answer":
+            live.publish(marker)
+            yield marker
+            return
+        nxt = self._successor(recovered.result, marker.discarded_text if marker.mode == "continue" else "")
         delivered = marker.discarded_text
         it = nxt.__aiter__()
         if marker.mode == "restart" and delivered:
@@ -341,33 +234,25 @@ class ResilientStream:
                 if len(text) >= len(delivered) or not delivered.startswith(text):
                     break
             if text.startswith(delivered):
-                resumed = StreamRestart(
-                    marker.call_id, marker.model_group, delivered, marker.error_class, "resume"
+                live.publish(
+                    StreamRestart(marker.call_id, marker.model_group, delivered, marker.error_class, "resume")
                 )
-                engine.emit(self._ctx, resumed)
                 for chunk in _after_prefix(held, len(delivered)):
                     yield chunk
                 async for chunk in it:
                     yield chunk
                 return
-            engine.emit(self._ctx, marker)
+            live.publish(marker)
             yield marker
             for chunk in held:
                 yield chunk
             async for chunk in it:
                 yield chunk
             return
-        engine.emit(self._ctx, marker)
+        live.publish(marker)
         yield marker
         async for chunk in it:
             yield chunk
-
-    def _give_up(self, failure: Any) -> None:
-        """Surface the original mid-stream failure after a recovery attempt did not work."""
-        self.report.outcome = "failure"
-        self.report.error_class = failure.error_class
-        self.report.total_latency_s = self._engine.clock.wall() - self.report.started_at
-        self._engine.emit(self._ctx, self.report)
 
     def _observe(self, chunk: Any) -> None:
         text = chunk_text(chunk)
@@ -387,54 +272,29 @@ class ResilientStream:
         if isinstance(cost, int | float) and not isinstance(cost, bool):
             self.report.response_cost = float(cost)
 
-    def _succeed(self) -> None:
+    def _end(self) -> bool:
+        """Mark the stream ended (False: it already was)."""
         if self._closed:
-            return
+            return False
         self._closed = True
         self._abandoned.detach()
-        engine = self._engine
-        engine.timings[self._group].observe_gap(self._max_gap)
         self._count_skips()
-        self.report.usage = self.usage
-        stream_ended(
-            engine,
-            self._actx,
-            self._level,
-            self._t0,
-            self._started_wall,
-            self._wait_before,
-            ttft=self._ttft,
-            usage=self.usage,
-            served_model=self.report.served_model,
-            cost=self.report.response_cost,
-        )
+        return True
 
-    def _fail(self, exc: BaseException, *, final: bool) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._abandoned.detach()
-        self._count_skips()
-        if self._actx.guard_tokens and self.partial_text:
-            # Content was generated (and billed): settle like a stream cut short, not a release.
-            self._actx.settle_guards(None, self.usage, None, billable=True, produced=bool(self.partial_text))
-        t0, started, waited = self._t0, self._started_wall, self._wait_before
-        stream_ended(self._engine, self._actx, self._level, t0, started, waited, exc, final=final)
+    def _succeed(self) -> None:
+        if self._end():
+            self._live.succeeded(
+                self._max_gap, self.usage, self.report.served_model, self.report.response_cost
+            )
+
+    def _fail(self, exc: BaseException, *, final: bool) -> Failure | None:
+        if not self._end():
+            return None
+        return self._live.failed(exc, final=final, usage=self.usage, produced=bool(self.partial_text))
 
     def _close_cancelled(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._abandoned.detach()
-        adm = self._actx.admission
-        if adm is not None:
-            self._engine.release(adm)
-        if self._actx.guard_tokens:
-            # Cut short by the caller: the guard settles its estimate (no final usage is known).
-            self._actx.settle_guards(None, self.usage, None, billable=True, produced=bool(self.partial_text))
-        self._count_skips()
-        self.report.outcome = "cancelled"
-        self._engine.emit(self._ctx, self.report)
+        if self._end():
+            self._live.cancelled(self.usage, bool(self.partial_text))
 
     def _count_skips(self) -> None:
         """Invalid SSE events this attempt's stream dropped in place (see :mod:`._sse_skip`)."""
