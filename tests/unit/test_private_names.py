@@ -27,14 +27,13 @@ SOURCES = sorted(PACKAGE.rglob("*.py"))
 
 # Third-party private names the package uses on purpose: (file, name) -> why.
 ALLOWED: dict[tuple[str, str], str] = {
-    ("langchain/_bridge.py", "_getframe"): "sys._getframe: CPython's frame accessor (caller lookup)",
     ("langchain/_runnable.py", "_call_with_config"): "langchain-core's helper for Runnable subclasses",
     ("langchain/_runnable.py", "_acall_with_config"): "langchain-core's helper for Runnable subclasses",
     ("langchain/_runnable.py", "_transform_stream_with_config"): "langchain-core's Runnable helper",
     ("langchain/_runnable.py", "_atransform_stream_with_config"): "langchain-core's Runnable helper",
     ("routing/_direct_plan.py", "_shaping"): "litellm.Router's request shaping; no public accessor",
     ("routing/_sse_skip.py", "_iterator"): "openai.AsyncStream's generator: is the stream unread?",
-    ("events.py", "_hidden_params"): "LiteLLM's response metadata (its docs read it this way)",
+    ("events.py", "_hidden_params"): "LiteLLM keeps cost and ids only there (read in hidden_params_of)",
 }
 
 
