@@ -161,15 +161,16 @@ class MemoryBreakerBackend(BreakerBackend):
         self._probe_lease = probe_lease
         self._streak = 0  # trips in a row without closing: each one doubles how long it stays open
         self._probe_started: list[float] = []  # when each probe in flight was admitted
+        # Kept here as well as handed to pybreaker (which keeps it in its private _state_storage).
+        self._storage = storage or pybreaker.CircuitMemoryStorage(CLOSED)
         self._cb = pybreaker.CircuitBreaker(
             fail_max=policy.fail_max,
             reset_timeout=policy.reset_timeout,
             success_threshold=policy.success_threshold,
-            state_storage=storage or pybreaker.CircuitMemoryStorage(CLOSED),
+            state_storage=self._storage,
             name=name,
             throw_new_error_on_trip=False,
         )
-        self._storage = self._cb._state_storage
         # pybreaker's in-memory storage: counters can be read without I/O (see success_is_noop).
         self._local_storage = type(self._storage) is pybreaker.CircuitMemoryStorage
 

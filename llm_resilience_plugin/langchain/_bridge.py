@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
-import sys
 import threading
 import weakref
 from collections.abc import Iterator, Mapping
@@ -96,11 +96,9 @@ def find_run_manager(explicit: Any, *, frames: int = 3) -> Any:
     """
     if explicit is not None:
         return explicit
-    frame: FrameType | None
-    try:
-        frame = sys._getframe(2)
-    except ValueError:  # pragma: no cover - shallow stack
-        return None
+    here = inspect.currentframe()  # this function's; its caller's caller iterates the generator
+    frame: FrameType | None = here.f_back.f_back if here is not None and here.f_back is not None else None
+    del here  # a frame referring to itself would wait for the cycle collector
     for _ in range(frames):
         if frame is None:
             break

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import litellm
 
-from llm_resilience_plugin._engine.core import BeforeRetry, CallState, positive_seconds
+from llm_resilience_plugin._engine.core import BeforeRetry, positive_seconds
 from llm_resilience_plugin._engine.dispatch import PAYLOAD_KEYS, STREAMING_OPERATIONS
 from llm_resilience_plugin.errors import ConfigError, ErrorClass
 from llm_resilience_plugin.events import REPORT_KEY, CallReport, Listener, attach_report, hidden_params_of
@@ -25,9 +25,7 @@ from llm_resilience_plugin.routing._batches import batch_concurrency, run_batche
 from llm_resilience_plugin.routing._streams import SyncResilientStream
 
 if TYPE_CHECKING:
-    from llm_resilience_plugin._engine.drivers import SyncRunner
-    from llm_resilience_plugin._engine.engine import Engine
-    from llm_resilience_plugin.policy import ResiliencePolicy, RouterSpec
+    from llm_resilience_plugin.routing._calls import CallRunner
 
 __all__ = ["MODES", "EndpointsMixin", "embedding_batch_limit", "embedding_dimension"]
 
@@ -135,31 +133,8 @@ class EndpointsMixin:
     ``image_generation``/``aimage_generation`` and ``responses``/``aresponses`` of
     :class:`~llm_resilience_plugin.routing.ResilientRouter` (see the module docs)."""
 
-    if TYPE_CHECKING:
-        engine: Engine
-        _sync: SyncRunner
-        spec: RouterSpec
-        policy: ResiliencePolicy
-
-        def _check_group(self, group: str) -> None: ...
-
-        def _new_call(
-            self,
-            model: str,
-            messages: Any,
-            stream: bool,
-            deadline: float | None,
-            listener: Listener | None,
-            before_retry: BeforeRetry | None,
-            kwargs: Mapping[str, Any],
-            operation: str = ...,
-        ) -> tuple[CallState, dict[str, Any]]: ...
-
-        async def _complete(
-            self, ctx: CallState, group: str, messages: Any, kwargs: dict[str, Any]
-        ) -> Any: ...
-
-        async def _stream(self, ctx: CallState, group: str, messages: Any, kwargs: dict[str, Any]) -> Any: ...
+    # All the mixin needs from its host: the CallRunner that opens and runs the router's calls.
+    calls: CallRunner
 
     # -- embeddings -------------------------------------------------------------------------------
 
@@ -183,7 +158,7 @@ class EndpointsMixin:
         another dimension is refused unless ``vectors_compatible=True`` (mixing vector spaces
         corrupts an index). Plugin options as for ``acompletion``.
         """
-        self._check_group(model)
+        self.calls.check_group(model)
         validate_payload("embedding", input, kwargs)
         self._check_modes("embedding", model)
         if not isinstance(vectors_compatible, bool):
@@ -205,7 +180,7 @@ class EndpointsMixin:
 
     def embedding(self, model: str, input: str | list[Any], **kwargs: Any) -> litellm.EmbeddingResponse:
         """Blocking twin of :meth:`aembedding` (runs on the router's private loop thread)."""
-        return self._sync.run(self.aembedding(model, input, **kwargs))
+        return self.calls.run_sync(self.aembedding(model, input, **kwargs))
 
     async def _split_embedding(
         self,
@@ -236,7 +211,7 @@ class EndpointsMixin:
             )
 
         bound = self._batch_concurrency(model, concurrency)
-        parts = await run_batches(len(starts), bound, start, self.engine.clock, deadline)
+        parts = await run_batches(len(starts), bound, start, self.calls.engine.clock, deadline)
         return _join_embeddings(parts)
 
     # -- the other operations ---------------------------------------------------------------------
@@ -281,7 +256,7 @@ class EndpointsMixin:
 
     def image_generation(self, model: str, prompt: str, **kwargs: Any) -> litellm.ImageResponse:
         """Blocking twin of :meth:`aimage_generation`."""
-        return self._sync.run(self.aimage_generation(model, prompt, **kwargs))
+        return self.calls.run_sync(self.aimage_generation(model, prompt, **kwargs))
 
     async def aresponses(
         self,
@@ -309,14 +284,14 @@ class EndpointsMixin:
         (``"embedding"``, ``"text_completion"``, ``"image_generation"`` or ``"responses"``)."""
         if operation not in MODES:
             raise ConfigError("operation", f"expected one of {sorted(MODES)}, got {operation!r}")
-        self._check_group(group)
+        self.calls.check_group(group)
         self._check_modes(operation, group)
 
     # -- shared steps -----------------------------------------------------------------------------
 
     def _blocking(self, coro: Any, stream: bool) -> Any:
-        result = self._sync.run(coro)
-        return SyncResilientStream(result, self._sync) if stream else result
+        result = self.calls.run_sync(coro)
+        return SyncResilientStream(result, self.calls.sync) if stream else result
 
     async def _checked(
         self,
@@ -329,7 +304,7 @@ class EndpointsMixin:
         before_retry: BeforeRetry | None,
         kwargs: Mapping[str, Any],
     ) -> Any:
-        self._check_group(model)
+        self.calls.check_group(model)
         validate_payload(operation, payload, kwargs)
         if stream and operation not in STREAMING_OPERATIONS:
             raise ConfigError("stream", f"LiteLLM does not stream {operation}")
@@ -352,12 +327,13 @@ class EndpointsMixin:
         """One checked call on the engine, like ``acompletion`` (options, deadline, idempotency)."""
         if deadline is not None:
             deadline = positive_seconds("deadline", deadline)
-        ctx, clean = self._new_call(
+        calls = self.calls
+        ctx, clean = calls.open_call(
             model, payload, stream, deadline, listener, before_retry, kwargs, operation
         )
         if stream:
-            return await self._stream(ctx, model, payload, clean)
-        return await self._complete(ctx, model, payload, clean)
+            return await calls.stream(ctx, model, payload, clean)
+        return await calls.complete(ctx, model, payload, clean)
 
     def _memo(self) -> dict[tuple[Any, ...], Any]:
         """Per-router answers of the checks below: they read only the configuration (deployments,
@@ -373,7 +349,7 @@ class EndpointsMixin:
         known = memo.get(("groups", group))
         if known is not None:
             return known  # type: ignore[no-any-return]
-        engine = self.engine
+        engine = self.calls.engine
         out = [group]
         for cls in (None, ErrorClass.CONTEXT_WINDOW, ErrorClass.CONTENT_POLICY):
             out.extend(g for g in engine.fallback_chain(group, cls) if g not in out)
@@ -386,7 +362,7 @@ class EndpointsMixin:
         if ("modes", operation, group) in memo:
             return
         allowed = MODES[operation]
-        engine = self.engine
+        engine = self.calls.engine
         for g in self._groups_of(group):
             for dep in engine.group_deployments.get(g, []):
                 mode = engine.deployments[dep].params.get("mode")
@@ -406,7 +382,7 @@ class EndpointsMixin:
         key = ("dimensions", group, dimensions if isinstance(dimensions, int) else None)
         if key in memo:
             return
-        engine = self.engine
+        engine = self.calls.engine
         first: tuple[str, int] | None = None
         for g in self._groups_of(group):
             for dep in engine.group_deployments.get(g, []):
@@ -431,14 +407,15 @@ class EndpointsMixin:
         key = ("concurrency", group, wanted)
         if key in memo:
             return memo[key]  # type: ignore[no-any-return]
+        calls = self.calls
         memo[key] = bound = batch_concurrency(
-            wanted or self.policy.embedding_batch_concurrency,
+            wanted or calls.policy.embedding_batch_concurrency,
             (
-                self.engine.deployments[dep].params
+                calls.engine.deployments[dep].params
                 for g in self._groups_of(group)
-                for dep in self.engine.group_deployments.get(g, [])
+                for dep in calls.engine.group_deployments.get(g, [])
             ),
-            self.spec.router_settings.get("default_max_parallel_requests"),
+            calls.spec.router_settings.get("default_max_parallel_requests"),
         )
         return bound
 
@@ -447,11 +424,12 @@ class EndpointsMixin:
         memo = self._memo()
         if ("limit", group) in memo:
             return memo["limit", group]  # type: ignore[no-any-return]
+        engine = self.calls.engine
         limits = [
             limit
             for g in self._groups_of(group)
-            for dep in self.engine.group_deployments.get(g, [])
-            if (limit := embedding_batch_limit(self.engine.deployments[dep].params)) is not None
+            for dep in engine.group_deployments.get(g, [])
+            if (limit := embedding_batch_limit(engine.deployments[dep].params)) is not None
         ]
         memo["limit", group] = found = min(limits) if limits else None
         return found

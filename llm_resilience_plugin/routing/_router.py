@@ -3,16 +3,14 @@
 The plugin owns every retry, fallback and cooldown decision; the wrapped ``litellm.Router`` makes
 exactly one attempt per call (``num_retries=0``, no fallbacks, cooldowns off) on a deployment that
 LiteLLM's own routing strategy picks among the ones the engine admits. This module is the facade:
-construction, introspection, per-call options, the idempotency store; the loop is in ``_engine``.
+construction, introspection, the public calls; each call is opened and run (per-call options, the
+idempotency store) by the router's ``calls`` (``_calls.CallRunner``); the loop is in ``_engine``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import copy
-import itertools
 import os
-import uuid
 import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -22,55 +20,39 @@ from urllib.parse import urlsplit
 import litellm
 
 from llm_resilience_plugin._engine.breakers import DeploymentBreaker
-from llm_resilience_plugin._engine.clock import Clock, Deadline
-from llm_resilience_plugin._engine.core import (
-    NO_OPTIONS,
-    OPTION_KEYS,
-    BeforeRetry,
-    CallState,
-    positive_seconds,
-    split_options,
-    validate_request,
-)
+from llm_resilience_plugin._engine.clock import Clock
+from llm_resilience_plugin._engine.core import BeforeRetry
 from llm_resilience_plugin._engine.drivers import SyncRunner, walk_routes
 from llm_resilience_plugin._engine.engine import Engine
-from llm_resilience_plugin._engine.idempotency import IdempotencyStore, SingleFlight, fingerprint, open_store
+from llm_resilience_plugin._engine.idempotency import IdempotencyStore, open_store
 from llm_resilience_plugin._engine.retry import RetryBudget
 from llm_resilience_plugin._env import allow_loopback
-from llm_resilience_plugin._redaction import mask_url, register_secret, safe_metadata, url_has_credentials
-from llm_resilience_plugin.errors import ConfigError, LoadShedError, UnknownModelGroupError
+from llm_resilience_plugin._redaction import mask_url, register_secret, url_has_credentials
+from llm_resilience_plugin.errors import ConfigError
 from llm_resilience_plugin.events import (
     REPORT_KEY,
     AttemptGuard,
     CallReport,
-    CallStarted,
     DeploymentInfo,
     Listener,
-    attach_report,
-    fill_from_response,
     hidden_params_of,
-    usage_of,
 )
 from llm_resilience_plugin.observability import apply_observability
 from llm_resilience_plugin.policy import (
     EffectivePolicy,
     ResiliencePolicy,
     RouterSpec,
-    TierPolicy,
     build_spec,
     load_config,
     spec_from_mapping,
 )
+from llm_resilience_plugin.routing._calls import CallRunner
 from llm_resilience_plugin.routing._clients import ClosingSyncRunner
 from llm_resilience_plugin.routing._direct import dispatcher_for
 from llm_resilience_plugin.routing._dispatch import RouterDispatcher
 from llm_resilience_plugin.routing._operations import EndpointsMixin
 from llm_resilience_plugin.routing._shared import SharedWiring
 from llm_resilience_plugin.routing._streams import ResilientStream, StaticStream, SyncResilientStream
-
-# Call ids: a random per-process prefix and a counter (uuid4 costs an urandom syscall per call).
-_CALL_PREFIX = f"{uuid.uuid4().hex[:8]}-"
-_CALL_IDS = itertools.count(1)
 
 
 def _deployment_info(d: Mapping[str, Any]) -> DeploymentInfo:
@@ -189,8 +171,8 @@ class ResilientRouter(EndpointsMixin):
         """
         if isinstance(ttl, bool) or not isinstance(ttl, int | float) or ttl <= 0:
             raise ConfigError("idempotency_ttl", "must be a positive number of seconds")
-        self._idem_store = open_store(store)
-        self._idem_ttl = float(ttl)
+        self.calls.store = open_store(store)
+        self.calls.ttl = float(ttl)
 
     @classmethod
     def from_spec(
@@ -274,6 +256,8 @@ class ResilientRouter(EndpointsMixin):
         engine.dispatcher, self._dispatch_plan = dispatcher_for(
             self._router, engine, via_router, spec.router_settings, spec.policy.dispatch
         )
+        # What opens and runs each call (chat here, the other operations in EndpointsMixin).
+        self.calls = CallRunner(engine, spec, ClosingSyncRunner())  # its runner closes LiteLLM's clients
         self.guards = engine.guards
         self.events = engine.events
         if self.shared_state is not None:
@@ -282,14 +266,11 @@ class ResilientRouter(EndpointsMixin):
             bind = getattr(guard, "bind_router", None)
             if callable(bind):
                 bind(self)
-        self._idem_store = None
-        self._idem_ttl = 600.0
-        self._single_flight = SingleFlight()
-        self._sync = ClosingSyncRunner()  # closes LiteLLM's clients of its loop too
+        sync = self.calls.sync
         release: Callable[..., None] = _release
-        release_args: tuple[Any, ...] = (self._sync,)
+        release_args: tuple[Any, ...] = (sync,)
         if self.shared_state is not None:  # closing also stops syncing this router's keys
-            release, release_args = self.shared_state.release_router, (_release, self._sync, shared_members)
+            release, release_args = self.shared_state.release_router, (_release, sync, shared_members)
         self._finalizer = weakref.finalize(self, release, *release_args)
         # The policy's `observability:` section (auto: on when installed); close() detaches it.
         try:
@@ -340,18 +321,12 @@ class ResilientRouter(EndpointsMixin):
 
     def effective_policy(self, group: str) -> EffectivePolicy:
         """The policy in force for ``group`` (global settings merged with its overrides)."""
-        self._check_group(group)
+        self.calls.check_group(group)
         return self.engine.policies[group]
 
     def subscribe(self, listener: Listener) -> Callable[[], None]:
         """Receive every event (attempts, retries, fallbacks, breaker transitions, calls)."""
         return self.events.subscribe(listener)
-
-    def _check_group(self, group: str) -> None:
-        if not isinstance(group, str):
-            raise UnknownModelGroupError(repr(group), self.model_groups)
-        if group not in self.engine.group_deployments:
-            raise UnknownModelGroupError(group, self.model_groups)
 
     # -- public calls ----------------------------------------------------------------------------
 
@@ -375,12 +350,13 @@ class ResilientRouter(EndpointsMixin):
         ``scenario`` (key of a configured static answer), ``listener`` (this call's events) and
         ``before_retry`` (awaited before each retry sleep).
         """
-        ctx, kwargs = self._new_call(model, messages, stream, deadline, listener, before_retry, kwargs)
+        calls = self.calls
+        ctx, kwargs = calls.open_call(model, messages, stream, deadline, listener, before_retry, kwargs)
         if stream:
-            return await self._stream(ctx, model, messages, kwargs)
-        if self._idem_store is None:  # one coroutine layer fewer on the common path
+            return await calls.stream(ctx, model, messages, kwargs)
+        if calls.store is None:  # one coroutine layer fewer on the common path
             return await walk_routes(self.engine, ctx, model, messages, kwargs)
-        return await self._complete(ctx, model, messages, kwargs)
+        return await calls.complete(ctx, model, messages, kwargs)
 
     def completion(
         self,
@@ -395,164 +371,17 @@ class ResilientRouter(EndpointsMixin):
     ) -> Any:
         """Blocking twin of :meth:`acompletion`, safe from any thread (the same async loop runs on
         a private event-loop thread; ``before_retry`` is awaited there)."""
-        ctx, kwargs = self._new_call(model, messages, stream, deadline, listener, before_retry, kwargs)
+        calls = self.calls
+        ctx, kwargs = calls.open_call(model, messages, stream, deadline, listener, before_retry, kwargs)
         if stream:
-            astream = self._sync.run(self._stream(ctx, model, messages, kwargs))
-            return SyncResilientStream(astream, self._sync)
-        return self._sync.run(self._complete(ctx, model, messages, kwargs))
+            astream = calls.run_sync(calls.stream(ctx, model, messages, kwargs))
+            return SyncResilientStream(astream, calls.sync)
+        return calls.run_sync(calls.complete(ctx, model, messages, kwargs))
 
     def close(self) -> None:
         """Release the private loop used by sync calls and, with the last router, LiteLLM's hook."""
         self._detach_observability()
         self._finalizer()
-
-    # -- one call --------------------------------------------------------------------------------
-
-    def _new_call(
-        self,
-        model: str,
-        messages: Any,
-        stream: bool,
-        deadline: float | None,
-        listener: Listener | None,
-        before_retry: BeforeRetry | None,
-        kwargs: Mapping[str, Any],
-        operation: str = "completion",
-    ) -> tuple[CallState, dict[str, Any]]:
-        """Validate the call (nothing is sent on bad input) and split plugin options from kwargs;
-        ``operation``: which LiteLLM call (its payload is checked by the caller when not chat)."""
-        if type(model) is not str or model not in self.engine.group_deployments:
-            self._check_group(model)
-        if operation == "completion":
-            validate_request(messages, kwargs)
-        if deadline is not None:
-            deadline = positive_seconds("deadline", deadline)
-        if kwargs and (not OPTION_KEYS.isdisjoint(kwargs) or "timeout" in kwargs):
-            opts, clean = split_options(kwargs)
-        else:  # the common case: LiteLLM's own arguments only
-            opts, clean = NO_OPTIONS, dict(kwargs)
-        if opts.priority is None and self.policy.default_tier is None:
-            priority, tier = None, None  # the common case, without a call
-        else:
-            priority, tier = _tier_of(self.policy, opts.priority)
-        if priority is not None and tier is not None and tier.shed_below > 0:
-            self._shed_check(model, priority, tier, clean)
-        call_id = f"{_CALL_PREFIX}{next(_CALL_IDS):x}"
-        report = CallReport(
-            call_id, model, stream, self.engine.clock.wall(), priority=priority, operation=operation
-        )
-        keyed = model if operation == "completion" else f"{operation}:{model}"
-        if opts.key is not None:
-            report.idempotency_key = opts.key
-        elif self._idem_store is not None:
-            report.idempotency_key = fingerprint(keyed, messages, clean)
-        else:  # hashed only if read (a list is copied: appending to it later changes nothing)
-            snapshot = list(messages) if isinstance(messages, list) else messages
-            report.key_from(fingerprint, (keyed, snapshot, clean))
-        budget_s = (
-            deadline
-            or (tier.deadline if tier and tier.deadline else None)
-            or self.engine.policies[model].deadline
-        )
-        ctx = CallState(
-            call_id=call_id,
-            report=report,
-            deadline=Deadline.after(self.engine.clock, budget_s),
-            stream=stream,
-            listener=listener,
-            before_retry=before_retry,
-            opts=opts,
-            tier=tier,
-            operation=operation,
-        )
-        if opts.avoid:  # deployments the caller knows just failed this request (never sent to)
-            ctx.failed = ctx.failed | frozenset(opts.avoid)
-            ctx.never_again = ctx.never_again | frozenset(opts.avoid)
-        if self.events.active:  # for observers (logs, metrics); a call's own listener sees attempts on
-            self.events.emit(_started(ctx, messages, clean))
-        return ctx, clean
-
-    def _shed_check(self, group: str, name: str, tier: TierPolicy, kwargs: Mapping[str, Any]) -> None:
-        """Refuse a low tier while the group's retry budget (or a guard's budget) runs low."""
-        budget = self.engine.budgets[group]
-        if budget.policy.enabled and budget.fraction < tier.shed_below:
-            raise LoadShedError(name, f"retry budget of {group!r}", budget.fraction, tier.shed_below)
-        metadata = kwargs.get("metadata") or {}
-        for guard in self.guards:
-            headroom = getattr(guard, "headroom", None)
-            fraction = headroom(metadata) if callable(headroom) else None
-            if fraction is not None and fraction < tier.shed_below:
-                raise LoadShedError(name, type(guard).__name__, fraction, tier.shed_below)
-
-    async def _complete(
-        self, ctx: CallState, group: str, messages: list[dict[str, Any]], kwargs: dict[str, Any]
-    ) -> Any:
-        """A non-stream call, with the idempotency store and single-flight when configured."""
-        store = self._idem_store
-        if store is None:
-            return await walk_routes(self.engine, ctx, group, messages, kwargs)
-        key = ctx.report.idempotency_key
-        assert key is not None  # set in _new_call whenever a store is configured
-        stored = store.get(key)
-        if stored is not None:
-            return self._replay(ctx, stored)
-        leader = self._single_flight.join(key)
-        if leader is not None:
-            shared = await asyncio.shield(leader)
-            if shared is not None:
-                return self._replay(ctx, shared)
-        fut = self._single_flight.lead(key)
-        entry: dict[str, Any] | None = None
-        try:
-            resp = await walk_routes(self.engine, ctx, group, messages, kwargs)
-            r = ctx.report
-            entry = {
-                "response": resp.model_dump(),
-                "served_group": r.served_group,
-                "deployment_id": r.deployment_id,
-                "call_id": r.call_id,
-                "stored_at": self.engine.clock.wall(),
-                "operation": ctx.operation,
-            }
-            if not r.degraded:
-                store.put(key, entry, self._idem_ttl)
-            return resp
-        finally:
-            self._single_flight.done(key)
-            fut.set_result(entry)  # followers replay it, or (None) make their own call
-
-    def _replay(self, ctx: CallState, entry: Mapping[str, Any]) -> Any:
-        resp = response_type(entry.get("operation", "completion"))(**entry["response"])
-        r = ctx.report
-        r.replayed = True
-        r.outcome = "success"
-        r.served_group = entry.get("served_group")
-        r.deployment_id = entry.get("deployment_id")
-        fill_from_response(r, resp, usage_of(resp))
-        r.response_cost = 0.0  # nothing was paid for this answer
-        r.total_latency_s = self.engine.clock.wall() - r.started_at
-        attach_report(resp, r)
-        self.engine.emit(ctx, r)
-        return resp
-
-    async def _stream(
-        self, ctx: CallState, group: str, messages: list[dict[str, Any]], kwargs: dict[str, Any]
-    ) -> ResilientStream | StaticStream:
-        result = await walk_routes(self.engine, ctx, group, messages, kwargs)
-        assert isinstance(result, ResilientStream | StaticStream)
-        return result
-
-
-def response_type(operation: str) -> Any:
-    """LiteLLM's response class of an operation (a stored answer is replayed as one)."""
-    from litellm.types.llms.openai import ResponsesAPIResponse
-
-    return {
-        "embedding": litellm.EmbeddingResponse,
-        "text_completion": litellm.TextCompletionResponse,
-        "image_generation": litellm.ImageResponse,
-        "responses": ResponsesAPIResponse,
-    }.get(operation, litellm.ModelResponse)
 
 
 def get_report(obj: Any) -> CallReport | None:
@@ -564,31 +393,3 @@ def get_report(obj: Any) -> CallReport | None:
         return hidden[REPORT_KEY]  # type: ignore[no-any-return]
     rep = getattr(obj, REPORT_KEY, None) or getattr(obj, "report", None)
     return rep if isinstance(rep, CallReport) else None
-
-
-def _tier_of(policy: ResiliencePolicy, asked: str | None) -> tuple[str | None, TierPolicy | None]:
-    """The call's priority (the policy's default tier when it names none) and that tier."""
-    priority = asked if asked is not None else policy.default_tier
-    if priority is None:
-        return None, None
-    tier = policy.tiers.get(priority)
-    if tier is None:
-        raise ConfigError("priority", f"unknown tier {priority!r}; configured tiers: {sorted(policy.tiers)}")
-    return priority, tier
-
-
-def _started(ctx: CallState, messages: Any, clean: Mapping[str, Any]) -> CallStarted:
-    """The event observers see when a call starts (metadata made safe, chat messages only)."""
-    md = clean.get("metadata")
-    tags = md.get("tags") if isinstance(md, Mapping) else None
-    report = ctx.report
-    return CallStarted(
-        ctx.call_id,
-        report.requested_group,
-        ctx.stream,
-        report.idempotency_key,
-        safe_metadata(md if isinstance(md, Mapping) else None),
-        [str(x) for x in tags] if isinstance(tags, list | tuple) else [],
-        messages if ctx.operation == "completion" else None,
-        ctx.operation,
-    )

@@ -70,9 +70,9 @@ def usage_to_hidden_params(shown: Any, usage_chunk: Any) -> None:
     """Put a hidden usage-only chunk's usage where a plain Router stream keeps it when the caller
     did not ask for usage: the last chunk's ``_hidden_params["usage"]`` (read by
     ``litellm.stream_chunk_builder``), with its cost."""
-    hidden = getattr(shown, "_hidden_params", None)
+    hidden = hidden_params_of(shown)
     usage = getattr(usage_chunk, "usage", None)
-    if not isinstance(hidden, dict) or usage is None or "usage" in hidden:
+    if hidden is None or usage is None or "usage" in hidden:
         return
     cost = (hidden_params_of(usage_chunk) or {}).get("response_cost")
     if cost is not None and getattr(usage, "cost", None) is None:

@@ -1,0 +1,252 @@
+"""CallRunner: one router's call machinery, the seam between :class:`ResilientRouter` and its
+endpoints (``_operations``).
+
+It opens a call (validation, plugin options, tier and load shedding, the report and the call's
+state), runs it to a response (with the idempotency store and single-flight when configured) or
+to a stream, checks model group names, and runs coroutines on the router's private loop for the
+blocking twins. The router owns one and exposes it as ``calls``; chat and every other operation
+go through the same methods, so they validate, key and replay calls alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import uuid
+from collections.abc import Coroutine, Mapping
+from typing import Any
+
+import litellm
+
+from llm_resilience_plugin._engine.clock import Deadline
+from llm_resilience_plugin._engine.core import (
+    NO_OPTIONS,
+    OPTION_KEYS,
+    BeforeRetry,
+    CallState,
+    positive_seconds,
+    split_options,
+    validate_request,
+)
+from llm_resilience_plugin._engine.drivers import SyncRunner, walk_routes
+from llm_resilience_plugin._engine.engine import Engine
+from llm_resilience_plugin._engine.idempotency import IdempotencyStore, SingleFlight, fingerprint
+from llm_resilience_plugin._redaction import safe_metadata
+from llm_resilience_plugin.errors import ConfigError, LoadShedError, UnknownModelGroupError
+from llm_resilience_plugin.events import (
+    CallReport,
+    CallStarted,
+    Listener,
+    attach_report,
+    fill_from_response,
+    usage_of,
+)
+from llm_resilience_plugin.policy import ResiliencePolicy, RouterSpec, TierPolicy
+from llm_resilience_plugin.routing._streams import ResilientStream, StaticStream
+
+__all__ = ["CallRunner", "response_type"]
+
+# Call ids: a random per-process prefix and a counter (uuid4 costs an urandom syscall per call).
+_CALL_PREFIX = f"{uuid.uuid4().hex[:8]}-"
+_CALL_IDS = itertools.count(1)
+
+
+class CallRunner:
+    """Opens and runs one router's calls (any operation) on its engine; see the module docs.
+
+    ``store``/``ttl``: the idempotency store (None: off) and how long its answers are kept.
+    """
+
+    def __init__(self, engine: Engine, spec: RouterSpec, sync: SyncRunner) -> None:
+        self.engine = engine
+        self.spec = spec
+        self.policy: ResiliencePolicy = spec.policy
+        self.sync = sync  # the private loop thread the blocking twins run on
+        self.store: IdempotencyStore | None = None
+        self.ttl = 600.0
+        self._single_flight = SingleFlight()
+
+    def check_group(self, group: str) -> None:
+        """Raise :class:`UnknownModelGroupError` unless ``group`` is one of the router's groups."""
+        if not isinstance(group, str):
+            raise UnknownModelGroupError(repr(group), list(self.engine.group_deployments))
+        if group not in self.engine.group_deployments:
+            raise UnknownModelGroupError(group, list(self.engine.group_deployments))
+
+    def run_sync(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        """Run ``coro`` on the router's private loop and wait for its result (blocking twins)."""
+        return self.sync.run(coro)
+
+    def open_call(
+        self,
+        model: str,
+        messages: Any,
+        stream: bool,
+        deadline: float | None,
+        listener: Listener | None,
+        before_retry: BeforeRetry | None,
+        kwargs: Mapping[str, Any],
+        operation: str = "completion",
+    ) -> tuple[CallState, dict[str, Any]]:
+        """Validate the call (nothing is sent on bad input) and split plugin options from kwargs;
+        ``operation``: which LiteLLM call (its payload is checked by the caller when not chat)."""
+        if type(model) is not str or model not in self.engine.group_deployments:
+            self.check_group(model)
+        if operation == "completion":
+            validate_request(messages, kwargs)
+        if deadline is not None:
+            deadline = positive_seconds("deadline", deadline)
+        if kwargs and (not OPTION_KEYS.isdisjoint(kwargs) or "timeout" in kwargs):
+            opts, clean = split_options(kwargs)
+        else:  # the common case: LiteLLM's own arguments only
+            opts, clean = NO_OPTIONS, dict(kwargs)
+        if opts.priority is None and self.policy.default_tier is None:
+            priority, tier = None, None  # the common case, without a call
+        else:
+            priority, tier = _tier_of(self.policy, opts.priority)
+        if priority is not None and tier is not None and tier.shed_below > 0:
+            self._shed_check(model, priority, tier, clean)
+        call_id = f"{_CALL_PREFIX}{next(_CALL_IDS):x}"
+        report = CallReport(
+            call_id, model, stream, self.engine.clock.wall(), priority=priority, operation=operation
+        )
+        keyed = model if operation == "completion" else f"{operation}:{model}"
+        if opts.key is not None:
+            report.idempotency_key = opts.key
+        elif self.store is not None:
+            report.idempotency_key = fingerprint(keyed, messages, clean)
+        else:  # hashed only if read (a list is copied: appending to it later changes nothing)
+            snapshot = list(messages) if isinstance(messages, list) else messages
+            report.key_from(fingerprint, (keyed, snapshot, clean))
+        budget_s = (
+            deadline
+            or (tier.deadline if tier and tier.deadline else None)
+            or self.engine.policies[model].deadline
+        )
+        ctx = CallState(
+            call_id=call_id,
+            report=report,
+            deadline=Deadline.after(self.engine.clock, budget_s),
+            stream=stream,
+            listener=listener,
+            before_retry=before_retry,
+            opts=opts,
+            tier=tier,
+            operation=operation,
+        )
+        if opts.avoid:  # deployments the caller knows just failed this request (never sent to)
+            ctx.failed = ctx.failed | frozenset(opts.avoid)
+            ctx.never_again = ctx.never_again | frozenset(opts.avoid)
+        events = self.engine.events
+        if events.active:  # for observers (logs, metrics); a call's own listener sees attempts on
+            events.emit(_started(ctx, messages, clean))
+        return ctx, clean
+
+    def _shed_check(self, group: str, name: str, tier: TierPolicy, kwargs: Mapping[str, Any]) -> None:
+        """Refuse a low tier while the group's retry budget (or a guard's budget) runs low."""
+        budget = self.engine.budgets[group]
+        if budget.policy.enabled and budget.fraction < tier.shed_below:
+            raise LoadShedError(name, f"retry budget of {group!r}", budget.fraction, tier.shed_below)
+        metadata = kwargs.get("metadata") or {}
+        for guard in self.engine.guards:
+            headroom = getattr(guard, "headroom", None)
+            fraction = headroom(metadata) if callable(headroom) else None
+            if fraction is not None and fraction < tier.shed_below:
+                raise LoadShedError(name, type(guard).__name__, fraction, tier.shed_below)
+
+    async def complete(self, ctx: CallState, group: str, messages: Any, kwargs: dict[str, Any]) -> Any:
+        """A non-stream call, with the idempotency store and single-flight when configured."""
+        store = self.store
+        if store is None:
+            return await walk_routes(self.engine, ctx, group, messages, kwargs)
+        key = ctx.report.idempotency_key
+        assert key is not None  # set in open_call whenever a store is configured
+        stored = store.get(key)
+        if stored is not None:
+            return self._replay(ctx, stored)
+        leader = self._single_flight.join(key)
+        if leader is not None:
+            shared = await asyncio.shield(leader)
+            if shared is not None:
+                return self._replay(ctx, shared)
+        fut = self._single_flight.lead(key)
+        entry: dict[str, Any] | None = None
+        try:
+            resp = await walk_routes(self.engine, ctx, group, messages, kwargs)
+            r = ctx.report
+            entry = {
+                "response": resp.model_dump(),
+                "served_group": r.served_group,
+                "deployment_id": r.deployment_id,
+                "call_id": r.call_id,
+                "stored_at": self.engine.clock.wall(),
+                "operation": ctx.operation,
+            }
+            if not r.degraded:
+                store.put(key, entry, self.ttl)
+            return resp
+        finally:
+            self._single_flight.done(key)
+            fut.set_result(entry)  # followers replay it, or (None) make their own call
+
+    def _replay(self, ctx: CallState, entry: Mapping[str, Any]) -> Any:
+        resp = response_type(entry.get("operation", "completion"))(**entry["response"])
+        r = ctx.report
+        r.replayed = True
+        r.outcome = "success"
+        r.served_group = entry.get("served_group")
+        r.deployment_id = entry.get("deployment_id")
+        fill_from_response(r, resp, usage_of(resp))
+        r.response_cost = 0.0  # nothing was paid for this answer
+        r.total_latency_s = self.engine.clock.wall() - r.started_at
+        attach_report(resp, r)
+        self.engine.emit(ctx, r)
+        return resp
+
+    async def stream(
+        self, ctx: CallState, group: str, messages: Any, kwargs: dict[str, Any]
+    ) -> ResilientStream | StaticStream:
+        """A stream call: the first route's :class:`ResilientStream` (or a static answer's)."""
+        result = await walk_routes(self.engine, ctx, group, messages, kwargs)
+        assert isinstance(result, ResilientStream | StaticStream)
+        return result
+
+
+def response_type(operation: str) -> Any:
+    """LiteLLM's response class of an operation (a stored answer is replayed as one)."""
+    from litellm.types.llms.openai import ResponsesAPIResponse
+
+    return {
+        "embedding": litellm.EmbeddingResponse,
+        "text_completion": litellm.TextCompletionResponse,
+        "image_generation": litellm.ImageResponse,
+        "responses": ResponsesAPIResponse,
+    }.get(operation, litellm.ModelResponse)
+
+
+def _tier_of(policy: ResiliencePolicy, asked: str | None) -> tuple[str | None, TierPolicy | None]:
+    """The call's priority (the policy's default tier when it names none) and that tier."""
+    priority = asked if asked is not None else policy.default_tier
+    if priority is None:
+        return None, None
+    tier = policy.tiers.get(priority)
+    if tier is None:
+        raise ConfigError("priority", f"unknown tier {priority!r}; configured tiers: {sorted(policy.tiers)}")
+    return priority, tier
+
+
+def _started(ctx: CallState, messages: Any, clean: Mapping[str, Any]) -> CallStarted:
+    """The event observers see when a call starts (metadata made safe, chat messages only)."""
+    md = clean.get("metadata")
+    tags = md.get("tags") if isinstance(md, Mapping) else None
+    report = ctx.report
+    return CallStarted(
+        ctx.call_id,
+        report.requested_group,
+        ctx.stream,
+        report.idempotency_key,
+        safe_metadata(md if isinstance(md, Mapping) else None),
+        [str(x) for x in tags] if isinstance(tags, list | tuple) else [],
+        messages if ctx.operation == "completion" else None,
+        ctx.operation,
+    )
