@@ -41,6 +41,7 @@ OPTION_KEYS = frozenset(
         "recover_streams",
         "recovered_by_caller",
         "avoid_deployments",
+        "deadline_cap",
     }
 )
 
@@ -73,6 +74,7 @@ class CallOptions:
     recover_streams: bool | Literal["answer"] | None = None
     recovered_by_caller: bool = False  # the caller recovers a stream broken after content itself
     avoid: frozenset[str] = frozenset()  # deployment ids this call never sends to
+    deadline_cap: float | None = None  # seconds an enclosing run has left: the call never outlives it
 
 
 NO_OPTIONS = CallOptions()
@@ -215,6 +217,7 @@ def split_options(kwargs: Mapping[str, Any]) -> tuple[CallOptions, dict[str, Any
         recover_streams=recover,
         recovered_by_caller=by_caller,
         avoid=frozenset(avoid),
+        deadline_cap=positive_seconds("deadline_cap", kwargs.get("deadline_cap")),
     )
     return opts, clean
 

@@ -397,9 +397,10 @@ class ResilientChatModel(ClosesRouter, BaseChatModel):
         """The router call for these messages and kwargs, delivering its events to ``run_manager``."""
         router = self.get_router()
         bridge_router(router)
-        group, params, deadline = prepare_request(self, stop, kwargs)
+        group, params, deadline, cap = prepare_request(self, stop, kwargs)
         sink = EventSink(run_manager, enabled=self.emit_events)
-        return ChatRequest(router, self.model, group, to_openai_messages(messages), params, deadline, sink)
+        messages_out = to_openai_messages(messages)
+        return ChatRequest(router, self.model, group, messages_out, params, deadline, sink, deadline_cap=cap)
 
     def _generate(
         self,

@@ -11,7 +11,7 @@ import sys
 from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
 
@@ -69,9 +69,22 @@ class RequestDefaults(Protocol):
     model_kwargs: dict[str, Any]
 
 
+class PreparedRequest(NamedTuple):
+    """One chat model call as the router gets it."""
+
+    group: str
+    params: dict[str, Any]
+    deadline: float | None
+    """The call's own deadline: per call ``deadline``, else ``timeout``, else the model's
+    ``timeout`` (None: the router's tier or policy decides)."""
+    deadline_cap: float | None
+    """What the run's RunnableConfig has left (see ``config_deadline``): the call never
+    outlives it, whatever its own deadline (the router applies ``call_budget``)."""
+
+
 def prepare_request(
     defaults: RequestDefaults, stop: list[str] | None, kwargs: Mapping[str, Any]
-) -> tuple[str, dict[str, Any], float | None]:
+) -> PreparedRequest:
     """The model group, provider parameters and deadline of one call: per-call kwargs over the
     model's settings; LangChain-only kwargs and empty tool lists dropped."""
     kwargs = dict(kwargs)
@@ -95,10 +108,8 @@ def prepare_request(
     if params.get("tools") == []:
         params.pop("tools")
         params.pop("tool_choice", None)
-    # An explicit argument wins; then a deadline carried by the run's RunnableConfig (see
-    # config_deadline); then the model's own timeout.
-    cfg = RUN_CONFIG.get()
-    return group, params, deadline or timeout or config_deadline(cfg) or defaults.timeout
+    own = deadline or timeout or defaults.timeout
+    return PreparedRequest(group, params, own, config_deadline(RUN_CONFIG.get()))
 
 
 def cache_key(
@@ -109,7 +120,7 @@ def cache_key(
 ) -> str:
     """LangChain's LLM cache key of a call: the model group, what its deployments are (secrets
     redacted) and every parameter sent (bound tools, response format, ...), not the deadline."""
-    group, params, _ = prepare_request(defaults, stop, kwargs)
+    group, params, _, _ = prepare_request(defaults, stop, kwargs)
     params.pop("avoid_deployments", None)  # where a re-asked call goes, not what it asks
     deployments = [d.get("litellm_params") for d in model_list if d.get("model_name") == group]
     key = {"type": "llm-resilience-chat", "group": group, "deployments": deployments, "params": params}
@@ -200,16 +211,21 @@ class ChatRequest:
     params: dict[str, Any]
     deadline: float | None
     sink: EventSink
+    deadline_cap: float | None = None
+    """What the run's config has left (the router caps the call's deadline with it)."""
 
     def params_for(self, stream: bool) -> dict[str, Any]:
         """The request's parameters; a stream asks for its usage chunk (usage_metadata needs it)."""
+        params = (
+            self.params if self.deadline_cap is None else {**self.params, "deadline_cap": self.deadline_cap}
+        )
         if not stream:
-            return self.params
-        options = {**(self.params.get("stream_options") or {}), "include_usage": True}
+            return params
+        options = {**(params.get("stream_options") or {}), "include_usage": True}
         if AGGREGATING.get():  # a break after content: the call is answered again whole
-            recovery = {"recover_streams": self.params.get("recover_streams", "answer")}
-            return {**self.params, **recovery, "stream_options": options, "recovered_by_caller": True}
-        return {**self.params, "stream_options": options}
+            recovery = {"recover_streams": params.get("recover_streams", "answer")}
+            return {**params, **recovery, "stream_options": options, "recovered_by_caller": True}
+        return {**params, "stream_options": options}
 
     def send(self, *, stream: bool) -> Any:
         """Call the router from a sync run: a response, or a :class:`SyncResilientStream`."""

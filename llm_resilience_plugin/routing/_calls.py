@@ -18,7 +18,7 @@ from typing import Any
 
 import litellm
 
-from llm_resilience_plugin._engine.clock import Deadline
+from llm_resilience_plugin._engine.clock import Deadline, call_budget
 from llm_resilience_plugin._engine.core import (
     NO_OPTIONS,
     OPTION_KEYS,
@@ -118,10 +118,11 @@ class CallRunner:
         else:  # hashed only if read (a list is copied: appending to it later changes nothing)
             snapshot = list(messages) if isinstance(messages, list) else messages
             report.key_from(fingerprint, (keyed, snapshot, clean))
-        budget_s = (
-            deadline
-            or (tier.deadline if tier and tier.deadline else None)
-            or self.engine.policies[model].deadline
+        budget_s = call_budget(
+            deadline,
+            tier.deadline if tier is not None else None,
+            self.engine.policies[model].deadline,
+            cap=opts.deadline_cap,
         )
         ctx = CallState(
             call_id=call_id,

@@ -57,3 +57,27 @@ async def test_resilient_step_honours_the_config_deadline() -> None:
     with pytest.raises(DeadlineExceededError):
         await step.ainvoke("x", config={"metadata": {"deadline": 0.3}})
     assert time.monotonic() - t0 < 2.5
+
+
+@pytest.mark.parametrize(
+    ("model_timeout", "call_kwargs", "config"),
+    [
+        # The model's own timeout is shorter than what the run has left: the model's applies.
+        (0.5, {}, {"configurable": {"deadline": 30}}),
+        # A per-call deadline longer than what the run has left: the run's deadline caps it.
+        (None, {"deadline": 30}, {"configurable": {"deadline": 0.5}}),
+        (None, {"timeout": 30}, {"metadata": {"deadline": 0.5}}),
+    ],
+)
+async def test_the_shorter_of_the_calls_deadline_and_the_runs_applies(
+    make_router: RouterFactory, sim, model_timeout, call_kwargs, config
+) -> None:
+    """One rule (``call_budget``): the call's own deadline (per call, else the model's timeout,
+    else the policy's), never past what the run's config has left."""
+    router = make_router({"primary": ["a"]}, policy={"attempt_timeout": 5, "deadline": 30}, clock=Clock())
+    sim.set_default("a", Fault.silence(max_hold=5))
+    llm = ResilientChatModel(router=router, model="primary", timeout=model_timeout)
+    t0 = time.monotonic()
+    with pytest.raises(DeadlineExceededError):
+        await llm.ainvoke("hello", config=config, **call_kwargs)
+    assert time.monotonic() - t0 < 2.5
