@@ -284,7 +284,7 @@ class ChatRequest:
 
     def relay(self, stream: SyncResilientStream) -> Iterator[ChatGenerationChunk]:
         """Chunks of a sync stream, then the closing chunk; the stream is closed if left early."""
-        asm = StreamAssembler()
+        relayed = _Relayed(self, stream)
         it = iter(stream)
         finished = False
         try:
@@ -296,10 +296,7 @@ class ChatRequest:
                         break
                     finally:
                         self.sink.flush()
-                asm = _after_marker(asm, chunk, stream)
-                if isinstance(chunk, StreamRestart):
-                    continue
-                gen = asm.feed(chunk)
+                gen = relayed.feed(chunk)
                 if gen is not None:
                     yield gen
             finished = True
@@ -308,13 +305,13 @@ class ChatRequest:
             if not finished and not sys.is_finalizing():
                 with contextlib.suppress(Exception):  # the stream already failed; keep the original error
                     stream.close()
-        yield self.final_chunk(asm, stream.report)
+        yield relayed.closing()
 
     async def arelay(
         self, stream: ResilientStream | StaticStream
     ) -> AsyncGenerator[ChatGenerationChunk, None]:
         """Async twin of :meth:`relay`; router events are delivered as the chunks arrive."""
-        asm = StreamAssembler()
+        relayed = _Relayed(self, stream)
         it = stream.__aiter__()
         finished = False
         try:
@@ -324,10 +321,7 @@ class ChatRequest:
                         chunk = await it.__anext__()
                     except StopAsyncIteration:
                         break
-                asm = _after_marker(asm, chunk, stream)
-                if isinstance(chunk, StreamRestart):
-                    continue
-                gen = asm.feed(chunk)
+                gen = relayed.feed(chunk)
                 if gen is not None:
                     yield gen
             finished = True
@@ -336,4 +330,25 @@ class ChatRequest:
                 with contextlib.suppress(Exception):
                     await stream.aclose()
             await self.sink.aflush()
-        yield self.final_chunk(asm, stream.report)
+        yield relayed.closing()
+
+
+class _Relayed:
+    """What :meth:`ChatRequest.relay` and its async twin share: the router's items in, LangChain
+    chunks out (markers handled by :func:`_after_marker`), and the closing chunk."""
+
+    def __init__(self, request: ChatRequest, stream: Any) -> None:
+        self.request = request
+        self.stream = stream
+        self.asm = StreamAssembler()
+
+    def feed(self, item: Any) -> ChatGenerationChunk | None:
+        """The LangChain chunk for one router item, if it makes one."""
+        self.asm = _after_marker(self.asm, item, self.stream)
+        if isinstance(item, StreamRestart):
+            return None
+        return self.asm.feed(item)
+
+    def closing(self) -> ChatGenerationChunk:
+        """The closing chunk: finish reason, usage and the response metadata."""
+        return self.request.final_chunk(self.asm, self.stream.report)
