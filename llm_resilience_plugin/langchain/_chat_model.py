@@ -360,7 +360,7 @@ class ResilientChatModel(ClosesRouter, BaseChatModel):
             try:
                 return super().invoke(input, config, **kwargs)
             except AnsweredAgain as again:
-                with handed_over(again):
+                with handed_over(again, self.get_router()):
                     return super().invoke(input, config, **{**kwargs, "stream": False})
 
     async def ainvoke(self, input: LanguageModelInput, config: Any = None, **kwargs: Any) -> AIMessage:
@@ -369,7 +369,7 @@ class ResilientChatModel(ClosesRouter, BaseChatModel):
             try:
                 return await super().ainvoke(input, config, **kwargs)
             except AnsweredAgain as again:
-                with handed_over(again):
+                with handed_over(again, self.get_router()):
                     return await super().ainvoke(input, config, **{**kwargs, "stream": False})
 
     def stream(self, input: LanguageModelInput, config: Any = None, **kwargs: Any) -> Iterator[Any]:

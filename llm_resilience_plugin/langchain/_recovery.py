@@ -37,19 +37,22 @@ class AnsweredAgain(StreamInterruptedError):
 
 
 @contextlib.contextmanager
-def handed_over(exc: AnsweredAgain) -> Iterator[None]:
-    """While this runs, the chat model's next non-stream request returns ``exc``'s answer
-    instead of calling the router (see :func:`take_answer`)."""
-    token = _HANDOFF.set(exc.response)
+def handed_over(exc: AnsweredAgain, router: object) -> Iterator[None]:
+    """While this runs, the next non-stream request to ``router`` for the group ``exc``'s call
+    asked for returns ``exc``'s answer instead of calling the router (see :func:`take_answer`);
+    any other model called meanwhile (from a callback, say) is not affected."""
+    group = exc.report.requested_group if exc.report is not None else None
+    token = _HANDOFF.set((router, group, exc.response))
     try:
         yield
     finally:
         _HANDOFF.reset(token)
 
 
-def take_answer() -> Any:
-    """The answer handed over for this request (once), or None."""
-    resp = _HANDOFF.get()
-    if resp is not None:
-        _HANDOFF.set(None)
-    return resp
+def take_answer(router: object, group: str) -> Any:
+    """The answer handed over for this request to ``router``'s ``group`` (once), or None."""
+    handed = _HANDOFF.get()
+    if handed is None or handed[0] is not router or handed[1] != group:
+        return None
+    _HANDOFF.set(None)
+    return handed[2]

@@ -232,7 +232,7 @@ class ChatRequest:
         # The router runs its async attempt loop on a private thread shared by every sync call:
         # no sync callback runs there. Events are buffered and delivered on this thread (or, with
         # on_retry, on a worker thread while the retry waits; see _bridge).
-        answer = None if stream else take_answer()
+        answer = None if stream else take_answer(self.router, self.group)
         if answer is not None:  # the rest of a broken stream's call, already answered
             return answer
         try:
@@ -247,7 +247,7 @@ class ChatRequest:
 
     async def asend(self, *, stream: bool) -> Any:
         """Call the router from an async run: a response, or a :class:`ResilientStream`."""
-        answer = None if stream else take_answer()
+        answer = None if stream else take_answer(self.router, self.group)
         if answer is not None:
             return answer
         try:

@@ -1,0 +1,39 @@
+"""invoke hands the answer of a broken stream's call to the next run of the same model only:
+once, for the router and group that answered it, and never outside the ``handed_over`` block."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llm_resilience_plugin.errors import ErrorClass
+from llm_resilience_plugin.events import CallReport, StreamRestart
+from llm_resilience_plugin.langchain._recovery import AnsweredAgain, handed_over, take_answer
+from llm_resilience_plugin.langchain._requests import ChatRequest, run_config
+
+
+def _answered(group: str = "primary") -> AnsweredAgain:
+    marker = StreamRestart("c1", group, "Once upon", ErrorClass.CONNECTION, "answer", response="the answer")
+    return AnsweredAgain(marker, CallReport("c1", group, True, 0.0))
+
+
+def test_the_answer_goes_once_to_the_same_router_and_group() -> None:
+    router, other = object(), object()
+    exc = _answered()
+    assert isinstance(exc, Exception) and exc.partial_text == "Once upon"
+    with handed_over(exc, router):
+        assert take_answer(other, "primary") is None  # another router called meanwhile
+        assert take_answer(router, "backup") is None  # another group
+        assert take_answer(router, "primary") == "the answer"
+        assert take_answer(router, "primary") is None  # once
+    with handed_over(exc, router):
+        pass
+    assert take_answer(router, "primary") is None  # not outside the block
+
+
+def test_a_stream_opened_by_invoke_asks_for_the_answer_mode_unless_the_caller_chose() -> None:
+    none: Any = None
+    with run_config(None, aggregating=True):
+        req = ChatRequest(none, "m", "primary", [], {}, None, none)
+        assert req.params_for(stream=True)["recover_streams"] == "answer"
+        own = ChatRequest(none, "m", "primary", [], {"recover_streams": False}, None, none)
+        assert own.params_for(stream=True)["recover_streams"] is False
