@@ -114,17 +114,20 @@ def find_run_manager(explicit: Any, *, frames: int = 3) -> Any:
     return None
 
 
+# What a callback manager for a run's custom events takes over from the run's manager.
+_INHERITED = (
+    "handlers",
+    "inheritable_handlers",
+    "tags",
+    "inheritable_tags",
+    "metadata",
+    "inheritable_metadata",
+)
+
+
 def _child_manager(cls: type[_Manager], rm: AnyRunManager) -> _Manager:
     """A callback manager (sync or async) whose custom events land under ``rm``'s run."""
-    return cls(
-        handlers=rm.handlers,
-        inheritable_handlers=rm.inheritable_handlers,
-        parent_run_id=rm.run_id,
-        tags=rm.tags,
-        inheritable_tags=rm.inheritable_tags,
-        metadata=rm.metadata,
-        inheritable_metadata=rm.inheritable_metadata,
-    )
+    return cls(parent_run_id=rm.run_id, **{name: getattr(rm, name) for name in _INHERITED})
 
 
 class EventSink:
