@@ -134,40 +134,32 @@ async def walk_routes(
     while True:
         if walk is not None:
             group, level, msgs, kw = walk.group, walk.level, walk.messages, walk.kwargs
-        if (call.failures or call.opts.avoid or call.require_prefill) and not _has_candidates(
-            engine, call, group
-        ):
-            # Every deployment of this group already failed this call (a stream resuming
-            # elsewhere, or the caller's avoid_deployments), or none can continue a stream by
-            # prefill: go straight to the next route, nothing to record here.
-            walk = walk or _Walk(requested, messages, kwargs)
-            step = _after_exhausted(engine, call, walk, _last_failure(call, group), kwargs)
-            if step is _AGAIN:
-                continue
-            return step
-        try:
-            # The first attempt runs before tenacity is built: most calls succeed at once and
-            # never pay for a retry loop. A failure is handed to tenacity as its attempt 1.
-            call.next_wait = 0.0
-            call.out_of_time = False
-            hedge = engine.hedges.get(group) if engine.hedges else None  # no call: none configured
-            if hedge is not None:
-                hedge = engine.hedge_for(call, group)
+        failure = _passed_over(engine, call, group)
+        if failure is None:
             try:
-                if hedge is None:
-                    result = await attempts.attempt(engine, call, group, level, msgs, kw)
-                else:
-                    result = await _hedged_attempt(engine, call, group, level, msgs, kw, hedge)
-            except AttemptFailed as first:
-                result = await _retry_group(engine, call, group, level, msgs, kw, hedge, first)
-        except AttemptFailed as af:
-            walk = walk or _Walk(requested, messages, kwargs)
-            step = _after_exhausted(engine, call, walk, af.failure, kwargs)
-            if step is _AGAIN:
-                continue
+                # The first attempt runs before tenacity is built: most calls succeed at once and
+                # never pay for a retry loop. A failure is handed to tenacity as its attempt 1.
+                call.next_wait = 0.0
+                call.out_of_time = False
+                hedge = engine.hedges.get(group) if engine.hedges else None  # no call: none configured
+                if hedge is not None:
+                    hedge = engine.hedge_for(call, group)
+                try:
+                    if hedge is None:
+                        result = await attempts.attempt(engine, call, group, level, msgs, kw)
+                    else:
+                        result = await _hedged_attempt(engine, call, group, level, msgs, kw, hedge)
+                except AttemptFailed as first:
+                    result = await _retry_group(engine, call, group, level, msgs, kw, hedge, first)
+            except AttemptFailed as af:
+                failure = af.failure
+            else:
+                finish(engine, call, result, None, group=group, level=level)
+                return result
+        walk = walk or _Walk(requested, messages, kwargs)
+        step = _after_exhausted(engine, call, walk, failure, kwargs)
+        if step is not _AGAIN:
             return step
-        finish(engine, call, result, None, group=group, level=level)
-        return result
 
 
 def walk_routes_sync(
@@ -183,36 +175,31 @@ def walk_routes_sync(
     walk = _Walk(requested, messages, kwargs)
     while True:
         group, level = walk.group, walk.level
-        if (call.failures or call.opts.avoid) and not _has_candidates(engine, call, group):
-            step = _after_exhausted(engine, call, walk, _last_failure(call, group), kwargs)
-            if step is _AGAIN:
-                continue
-            return step
-        state = _group_state(engine, call, group)
+        failure = _passed_over(engine, call, group)
+        if failure is None:
+            state = _group_state(engine, call, group)
 
-        def before_sleep(rs: tenacity.RetryCallState, group: str = group) -> None:
-            _retry_scheduled(engine, call, group, rs)
-            if before_retry is not None:
-                before_retry(rs)
+            def before_sleep(rs: tenacity.RetryCallState, group: str = group) -> None:
+                _retry_scheduled(engine, call, group, rs)
+                if before_retry is not None:
+                    before_retry(rs)
 
-        try:
             call.next_wait = 0.0
             call.out_of_time = False
             try:
                 for attempt in build_sync_retrying(state, engine.clock, before_sleep):
                     with attempt:
                         result = attempts.attempt_sync(engine, call, group, level, walk.messages, walk.kwargs)
-            except AttemptFailed:
+            except AttemptFailed as af:
                 if state.out_of_time:
                     call.out_of_time = True
-                raise
-        except AttemptFailed as af:
-            step = _after_exhausted(engine, call, walk, af.failure, kwargs)
-            if step is _AGAIN:
-                continue
+                failure = af.failure
+            else:
+                finish(engine, call, result, None, group=group, level=level)
+                return result
+        step = _after_exhausted(engine, call, walk, failure, kwargs)
+        if step is not _AGAIN:
             return step
-        finish(engine, call, result, None, group=group, level=level)
-        return result
 
 
 def _trimmed(
@@ -317,6 +304,17 @@ def _has_candidates(engine: Engine, call: CallState, group: str) -> bool:
             d not in call.never_again and can_prefill(engine, d) for d in engine.group_deployments[group]
         )
     return any(d not in call.never_again for d in engine.group_deployments[group])
+
+
+def _passed_over(engine: Engine, call: CallState, group: str) -> Failure | None:
+    """The failure to hand on when the walk goes straight past ``group``, nothing to record:
+    every deployment of it already failed this call (a stream resuming elsewhere), the caller's
+    avoid_deployments rule them all out, or none can continue a stream by prefill. None: try it."""
+    if (call.failures or call.opts.avoid or call.require_prefill) and not _has_candidates(
+        engine, call, group
+    ):
+        return _last_failure(call, group)
+    return None
 
 
 def _last_failure(call: CallState, group: str) -> Failure:

@@ -9,12 +9,13 @@ on the instance, so sharing one across concurrent calls corrupts it).
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import tenacity
 
@@ -279,20 +280,24 @@ class GroupRetryState:
         return False
 
 
+def _loop_settings(state: GroupRetryState) -> dict[str, Any]:
+    """What the async and the blocking tenacity loop share: ``state``'s predicates, reraise."""
+    return {
+        "retry": tenacity.retry_if_exception(state.should_retry),
+        "wait": state.wait,
+        "stop": state.stop,
+        "reraise": True,
+    }
+
+
 def build_retrying(
     state: GroupRetryState,
     clock: Clock,
     before_sleep: Callable[[tenacity.RetryCallState], Awaitable[None] | None] | None = None,
 ) -> tenacity.AsyncRetrying:
     """A fresh tenacity loop for one call on one model group."""
-    return tenacity.AsyncRetrying(
-        retry=tenacity.retry_if_exception(state.should_retry),
-        wait=state.wait,
-        stop=state.stop,
-        sleep=lambda seconds: hold_sleep(state, clock, seconds),
-        before_sleep=before_sleep,
-        reraise=True,
-    )
+    sleep = functools.partial(hold_sleep, state, clock)
+    return tenacity.AsyncRetrying(sleep=sleep, before_sleep=before_sleep, **_loop_settings(state))
 
 
 async def hold_sleep(state: GroupRetryState, clock: Clock, seconds: float) -> None:
@@ -331,14 +336,8 @@ def build_sync_retrying(
     before_sleep: Callable[[tenacity.RetryCallState], None] | None = None,
 ) -> tenacity.Retrying:
     """The blocking twin of :func:`build_retrying` (same predicates, sleeps on ``clock``)."""
-    return tenacity.Retrying(
-        retry=tenacity.retry_if_exception(state.should_retry),
-        wait=state.wait,
-        stop=state.stop,
-        sleep=lambda s: hold_sleep_blocking(state, clock, s),
-        before_sleep=before_sleep,
-        reraise=True,
-    )
+    sleep = functools.partial(hold_sleep_blocking, state, clock)
+    return tenacity.Retrying(sleep=sleep, before_sleep=before_sleep, **_loop_settings(state))
 
 
 def hold_sleep_blocking(state: GroupRetryState, clock: Clock, seconds: float) -> None:

@@ -32,13 +32,14 @@ import weakref
 from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 from types import FrameType
-from typing import Any
+from typing import Any, TypeVar
 
 import tenacity
 from langchain_core.callbacks import (
     AsyncCallbackManager,
     AsyncCallbackManagerForChainRun,
     AsyncCallbackManagerForLLMRun,
+    BaseCallbackManager,
     CallbackManager,
     CallbackManagerForChainRun,
     CallbackManagerForLLMRun,
@@ -59,6 +60,8 @@ EVENT_PREFIX = "llm_resilience."
 SyncRunManager = CallbackManagerForLLMRun | CallbackManagerForChainRun
 AsyncRunManager = AsyncCallbackManagerForLLMRun | AsyncCallbackManagerForChainRun
 AnyRunManager = SyncRunManager | AsyncRunManager
+
+_Manager = TypeVar("_Manager", bound=BaseCallbackManager)
 
 _SINK: ContextVar[EventSink | None] = ContextVar("llm_resilience_langchain_sink", default=None)
 _BRIDGED: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -107,6 +110,22 @@ def find_run_manager(explicit: Any, *, frames: int = 3) -> Any:
             return rm
         frame = frame.f_back
     return None
+
+
+# What a callback manager for a run's custom events takes over from the run's manager.
+_INHERITED = (
+    "handlers",
+    "inheritable_handlers",
+    "tags",
+    "inheritable_tags",
+    "metadata",
+    "inheritable_metadata",
+)
+
+
+def _child_manager(cls: type[_Manager], rm: AnyRunManager) -> _Manager:
+    """A callback manager (sync or async) whose custom events land under ``rm``'s run."""
+    return cls(parent_run_id=rm.run_id, **{name: getattr(rm, name) for name in _INHERITED})
 
 
 class EventSink:
@@ -182,15 +201,7 @@ class EventSink:
         rm = self.run_manager
         assert rm is not None
         if self._sync_manager is None:
-            self._sync_manager = CallbackManager(
-                handlers=rm.handlers,
-                inheritable_handlers=rm.inheritable_handlers,
-                parent_run_id=rm.run_id,
-                tags=rm.tags,
-                inheritable_tags=rm.inheritable_tags,
-                metadata=rm.metadata,
-                inheritable_metadata=rm.inheritable_metadata,
-            )
+            self._sync_manager = _child_manager(CallbackManager, rm)
         try:
             self._sync_manager.on_custom_event(name, data, run_id=rm.run_id)
         except Exception:
@@ -213,15 +224,7 @@ class EventSink:
         with self._lock:
             items, self._pending = self._pending, []
         if self._async_manager is None:
-            self._async_manager = AsyncCallbackManager(
-                handlers=rm.handlers,
-                inheritable_handlers=rm.inheritable_handlers,
-                parent_run_id=rm.run_id,
-                tags=rm.tags,
-                inheritable_tags=rm.inheritable_tags,
-                metadata=rm.metadata,
-                inheritable_metadata=rm.inheritable_metadata,
-            )
+            self._async_manager = _child_manager(AsyncCallbackManager, rm)
         for name, data in items:
             try:
                 await self._async_manager.on_custom_event(name, data, run_id=rm.run_id)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
@@ -169,8 +169,36 @@ class _RunTree:
             return node
 
 
+@dataclass(slots=True)
+class _LLMStart:
+    """An LLM run's start as either LangChain hook reports it: chat ``messages`` or ``prompts``."""
+
+    run_id: UUID
+    serialized: Mapping[str, Any] | None
+    kwargs: Mapping[str, Any]  # the hook's keywords: parent_run_id, tags, metadata, invocation_params
+    messages: list[list[BaseMessage]] | None = None
+    prompts: list[str] | None = None
+
+    @property
+    def parent_run_id(self) -> UUID | None:
+        return self.kwargs.get("parent_run_id")
+
+    @property
+    def tags(self) -> list[str] | None:
+        return self.kwargs.get("tags")
+
+    @property
+    def metadata(self) -> Mapping[str, Any]:
+        return self.kwargs.get("metadata") or {}
+
+    @property
+    def invocation_params(self) -> Mapping[str, Any]:
+        return self.kwargs.get("invocation_params") or {}
+
+
 class _RunTracking(BaseCallbackHandler):
-    """Keeps the run tree from chain/tool/retriever starts and ends."""
+    """Keeps the run tree from chain/tool/retriever starts and ends; both LLM start hooks (chat
+    model, text LLM) reach one ``_llm_start``."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -196,6 +224,19 @@ class _RunTracking(BaseCallbackHandler):
         self, serialized: Any, query: Any, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any
     ) -> None:
         self._tree.start(run_id, parent_run_id)
+
+    def on_chat_model_start(
+        self, serialized: dict[str, Any], messages: list[list[BaseMessage]], *, run_id: UUID, **kwargs: Any
+    ) -> None:
+        self._llm_start(_LLMStart(run_id, serialized, kwargs, messages=messages))
+
+    def on_llm_start(
+        self, serialized: dict[str, Any], prompts: list[str], *, run_id: UUID, **kwargs: Any
+    ) -> None:
+        self._llm_start(_LLMStart(run_id, serialized, kwargs, prompts=list(prompts)))
+
+    def _llm_start(self, start: _LLMStart) -> None:
+        raise NotImplementedError  # each handler reserves or records
 
     def on_chain_end(self, outputs: Any, *, run_id: UUID, **kwargs: Any) -> None:
         self._tree.end(run_id)
@@ -247,22 +288,14 @@ class CostGuardCallbackHandler(_RunTracking):
         self._streamed: set[UUID] = set()
         self._lock = threading.Lock()
 
-    def _reserve(
-        self,
-        *,
-        run_id: UUID,
-        parent_run_id: UUID | None,
-        serialized: Mapping[str, Any] | None,
-        metadata: Mapping[str, Any] | None,
-        tags: Sequence[str] | None,
-        kwargs: Mapping[str, Any],
-        messages: list[list[dict[str, Any]]] | None = None,
-        prompts: list[str] | None = None,
-    ) -> None:
-        self._tree.start(run_id, parent_run_id)
-        inv = kwargs.get("invocation_params") or {}
-        md = metadata or {}
-        model = model_name_of(serialized, inv, md)
+    def _llm_start(self, start: _LLMStart) -> None:
+        """Reserve the run's worst case before the model sends anything (raising stops it)."""
+        run_id, prompts, inv, md = start.run_id, start.prompts, start.invocation_params, start.metadata
+        messages: list[list[dict[str, Any]]] | None = None
+        if start.messages is not None:
+            messages = [convert_to_openai_messages(m) for m in start.messages]
+        self._tree.start(run_id, start.parent_run_id)
+        model = model_name_of(start.serialized, inv, md)
         if model is None:
             raise ConfigError(
                 "model",
@@ -309,56 +342,13 @@ class CostGuardCallbackHandler(_RunTracking):
             n=n,
             prompt_tokens=prompt_tokens,
             metadata=md,
-            tags=tags,
+            tags=start.tags,
             request_id=str(run_id),
             run_id=str(self._tree.root(run_id)),
             model_group=model,
         )
         with self._lock:
             self._tickets[run_id] = ticket
-
-    def on_chat_model_start(
-        self,
-        serialized: dict[str, Any],
-        messages: list[list[BaseMessage]],
-        *,
-        run_id: UUID,
-        parent_run_id: UUID | None = None,
-        tags: list[str] | None = None,
-        metadata: dict[str, Any] | None = None,
-        **kwargs: Any,
-    ) -> None:
-        converted = [convert_to_openai_messages(m) for m in messages]
-        self._reserve(
-            run_id=run_id,
-            parent_run_id=parent_run_id,
-            serialized=serialized,
-            metadata=metadata,
-            tags=tags,
-            kwargs=kwargs,
-            messages=converted,  # type: ignore[arg-type]
-        )
-
-    def on_llm_start(
-        self,
-        serialized: dict[str, Any],
-        prompts: list[str],
-        *,
-        run_id: UUID,
-        parent_run_id: UUID | None = None,
-        tags: list[str] | None = None,
-        metadata: dict[str, Any] | None = None,
-        **kwargs: Any,
-    ) -> None:
-        self._reserve(
-            run_id=run_id,
-            parent_run_id=parent_run_id,
-            serialized=serialized,
-            metadata=metadata,
-            tags=tags,
-            kwargs=kwargs,
-            prompts=list(prompts),
-        )
 
     def on_llm_new_token(
         self, token: str | list[str | dict[str, Any]], *, run_id: UUID, **kwargs: Any
@@ -466,27 +456,21 @@ class StructuredLogCallbackHandler(_RunTracking):
         self._runs: dict[UUID, _Run] = {}
         self._lock = threading.Lock()
 
-    def _start(
-        self,
-        run_id: UUID,
-        parent_run_id: UUID | None,
-        serialized: Mapping[str, Any] | None,
-        tags: list[str] | None,
-        metadata: Mapping[str, Any] | None,
-        kwargs: Mapping[str, Any],
-        content: Any,
-    ) -> None:
+    def _llm_start(self, start: _LLMStart) -> None:
+        run_id, parent_run_id = start.run_id, start.parent_run_id
+        inv, md = start.invocation_params, start.metadata
         self._tree.start(run_id, parent_run_id)
-        inv = kwargs.get("invocation_params") or {}
-        md = metadata or {}
+        content: Any = start.prompts
+        if start.messages is not None and self.include_content:
+            content = [convert_to_openai_messages(m) for m in start.messages]
         provider = md.get("ls_provider") or inv.get("_type")
         run = _Run(
             ts=time.time(),
             t0=time.monotonic(),
             parent_run_id=parent_run_id,
-            model=model_name_of(serialized, inv, md),
+            model=model_name_of(start.serialized, inv, md),
             provider=str(provider) if provider else None,
-            tags=list(tags or []),
+            tags=list(start.tags or []),
             metadata=safe_metadata(md),
             params={k: inv[k] for k in _PARAM_KEYS if inv.get(k) is not None},
             content=content if self.include_content else None,
@@ -498,33 +482,6 @@ class StructuredLogCallbackHandler(_RunTracking):
             # a run refused by another handler's on_*_start never ends: keep the map bounded
             while len(self._runs) > 10_000:
                 self._runs.pop(next(iter(self._runs)))
-
-    def on_chat_model_start(
-        self,
-        serialized: dict[str, Any],
-        messages: list[list[BaseMessage]],
-        *,
-        run_id: UUID,
-        parent_run_id: UUID | None = None,
-        tags: list[str] | None = None,
-        metadata: dict[str, Any] | None = None,
-        **kwargs: Any,
-    ) -> None:
-        content = [convert_to_openai_messages(m) for m in messages] if self.include_content else None
-        self._start(run_id, parent_run_id, serialized, tags, metadata, kwargs, content)
-
-    def on_llm_start(
-        self,
-        serialized: dict[str, Any],
-        prompts: list[str],
-        *,
-        run_id: UUID,
-        parent_run_id: UUID | None = None,
-        tags: list[str] | None = None,
-        metadata: dict[str, Any] | None = None,
-        **kwargs: Any,
-    ) -> None:
-        self._start(run_id, parent_run_id, serialized, tags, metadata, kwargs, list(prompts))
 
     def on_llm_new_token(
         self, token: str | list[str | dict[str, Any]], *, run_id: UUID, **kwargs: Any

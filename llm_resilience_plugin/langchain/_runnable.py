@@ -91,11 +91,22 @@ def _fresh_input(value: Any) -> Any:
     return value
 
 
-def _text_of(chunk: Any) -> str:
-    if isinstance(chunk, str):
-        return chunk
-    content = getattr(chunk, "content", None)
-    return content if isinstance(content, str) else ""
+# What a chunk fetch (``next``/``anext`` with a default) returns when the stream has ended.
+_END: Any = object()
+
+
+def _close(it: Any) -> None:
+    """Close a sync stream nobody will finish (quietly: it may be broken already)."""
+    if it is not None:
+        with contextlib.suppress(Exception):
+            it.close()
+
+
+async def _aclose(it: Any) -> None:
+    """The async twin of :func:`_close` (an iterator without ``aclose`` is left alone)."""
+    if it is not None and hasattr(it, "aclose"):
+        with contextlib.suppress(Exception):
+            await it.aclose()
 
 
 @dataclass(slots=True)
@@ -107,6 +118,10 @@ class _Run:
     kwargs: dict[str, Any]
     sink: EventSink
 
+    def args(self) -> tuple[Any, RunnableConfig]:
+        """One attempt's positional arguments: its own copy of the input, and the config."""
+        return _fresh_input(self.input), self.config
+
 
 @dataclass(slots=True)
 class _Open:
@@ -115,18 +130,69 @@ class _Open:
     first: list[Any]
     rest: Any  # the iterator, or None when the stream ended
 
+    @classmethod
+    def of(cls, first: Any, it: Any) -> _Open:
+        """The attempt's first chunk (``_END``: it ended empty) and the iterator it came from."""
+        return cls([], None) if first is _END else cls([first], it)
+
 
 @dataclass(slots=True)
 class _Relay:
-    """A stream answered by the engine: the attempt to account for when the caller finishes it."""
+    """A stream answered by the engine, relayed to the caller: the bookkeeping both
+    ``_transform`` twins share (each wait's bound, the text so far, the attempt's end)."""
 
+    owner: ResilientRunnable[Any, Any]
     attempt: AttemptContext
     level: int
     opened: _Open
     started_wall: float
     t0: float
     wait_before: float
+    sink: EventSink
     parts: list[str] = field(default_factory=list)
+    ttft: float = 0.0
+
+    def start(self) -> _Relay:
+        """The caller starts reading: the time to its first chunk is now."""
+        self.ttft = self.owner.engine.clock.monotonic() - self.t0
+        return self
+
+    def bound(self) -> float:
+        """Seconds the next chunk may take: the attempt timeout, within the call's deadline."""
+        return max(0.001, min(self.owner.attempt_timeout, self.attempt.call.deadline.remaining()))
+
+    def took(self, chunk: Any) -> Any:
+        """Keep the chunk's text (an interruption reports the partial text) and pass it on."""
+        text = chunk if isinstance(chunk, str) else getattr(chunk, "content", None)
+        self.parts.append(text if isinstance(text, str) else "")
+        return chunk
+
+    def cancelled(self) -> None:
+        """The caller stopped reading (or was cancelled): the attempt counts nothing."""
+        attempts.cancelled(
+            self.owner.engine, self.attempt, self.level, self.t0, self.started_wall, self.wait_before
+        )
+
+    def finished(self) -> None:
+        """The stream ended: the attempt succeeded."""
+        self.attempt.call.report.served_group = self.owner.step
+        with self.sink.scope():
+            self._ended(None, self.ttft)
+
+    def failed(self, exc: Exception) -> StreamInterruptedError:
+        """The stream failed after its first chunk: account for it; the error to raise."""
+        with self.sink.scope():
+            failure = self._ended(exc, None)
+        partial = "".join(self.parts)
+        message = failure.message if failure is not None else str(exc)
+        text = f"{self.owner.step}: stream failed after its first chunk ({len(partial)} chars): {message}"
+        return StreamInterruptedError(text, partial, exc, self.attempt.call.report)
+
+    def _ended(self, exc: BaseException | None, ttft: float | None) -> Failure | None:
+        return attempts.stream_ended(
+            self.owner.engine, self.attempt, self.level, self.t0, self.started_wall, self.wait_before,
+            exc, ttft=ttft,
+        )  # fmt: skip
 
 
 class _RunnableDispatcher:
@@ -154,23 +220,16 @@ class _RunnableDispatcher:
         timeout_s: float,
         bound: float,
     ) -> Any:
-        run = self._admit(attempt)
-        owner = self.owner
-        it: Any = None
+        run, it = self._admit(attempt), None
         try:
             with run.sink.scope():
                 async with asyncio.timeout(min(timeout_s, bound)):
                     if not attempt.call.stream:
-                        return await owner.bound.ainvoke(_fresh_input(run.input), run.config, **run.kwargs)
-                    it = owner.bound.astream(_fresh_input(run.input), run.config, **run.kwargs).__aiter__()
-                    try:
-                        return _Open([await it.__anext__()], it)
-                    except StopAsyncIteration:
-                        return _Open([], None)
+                        return await self.owner.bound.ainvoke(*run.args(), **run.kwargs)
+                    it = aiter(self.owner.bound.astream(*run.args(), **run.kwargs))
+                    return _Open.of(await anext(it, _END), it)
         except Exception:
-            if it is not None and hasattr(it, "aclose"):
-                with contextlib.suppress(Exception):
-                    await it.aclose()
+            await _aclose(it)
             raise
 
     def send_sync(
@@ -182,26 +241,17 @@ class _RunnableDispatcher:
         timeout_s: float,
         bound: float,
     ) -> Any:
-        run = self._admit(attempt)
-        owner = self.owner
-        limit = min(timeout_s, bound)
-        it: Iterator[Any] | None = None
+        run, it, owner, limit = self._admit(attempt), None, self.owner, min(timeout_s, bound)
         try:
             with run.sink.scope():
                 if not attempt.call.stream:
                     return owner.run_sync_attempt(
-                        lambda: owner.bound.invoke(_fresh_input(run.input), run.config, **run.kwargs), limit
+                        lambda: owner.bound.invoke(*run.args(), **run.kwargs), limit
                     )
-                stream_it = iter(owner.bound.stream(_fresh_input(run.input), run.config, **run.kwargs))
-                it = stream_it
-                try:
-                    return _Open(owner.run_sync_attempt(lambda: [next(stream_it)], limit), stream_it)
-                except StopIteration:
-                    return _Open([], None)
+                it = iter(owner.bound.stream(*run.args(), **run.kwargs))
+                return _Open.of(owner.run_sync_attempt(functools.partial(next, it, _END), limit), it)
         except Exception:
-            if it is not None:
-                with contextlib.suppress(Exception):
-                    it.close()  # type: ignore[attr-defined]
+            _close(it)
             raise
 
     def wrap_stream(
@@ -216,7 +266,8 @@ class _RunnableDispatcher:
         kwargs: dict[str, Any],
     ) -> _Relay:
         t0 = self.owner.engine.clock.monotonic() - latency
-        return _Relay(attempt, level, prefetched, started_wall, t0, wait_before)
+        sink = cast(_Run, attempt.call.context).sink
+        return _Relay(self.owner, attempt, level, prefetched, started_wall, t0, wait_before, sink)
 
     def static_stream(self, response: Any, attempt_call: Any) -> Any:  # pragma: no cover - degrades=False
         raise AssertionError("a wrapped Runnable has no static answers")
@@ -225,13 +276,8 @@ class _RunnableDispatcher:
         """A Runnable's output is the caller's own object: nothing is attached to it."""
 
     async def discard(self, result: Any) -> None:
-        if (
-            isinstance(result, _Relay)
-            and result.opened.rest is not None
-            and hasattr(result.opened.rest, "aclose")
-        ):
-            with contextlib.suppress(Exception):
-                await result.opened.rest.aclose()
+        if isinstance(result, _Relay):
+            await _aclose(result.opened.rest)
 
 
 class ResilientRunnable(Runnable[Input, Output]):
@@ -450,29 +496,6 @@ class ResilientRunnable(Runnable[Input, Output]):
 
     # -- stream ----------------------------------------------------------------------------------
 
-    def _ended(
-        self, call: CallState, relay: _Relay, failure_exc: BaseException | None, ttft: float | None
-    ) -> Failure | None:
-        """Account for a relayed stream's end: success, or a failure after its first chunk."""
-        if failure_exc is None:
-            call.report.served_group = self.step
-        return attempts.stream_ended(
-            self.engine, relay.attempt, relay.level, relay.t0, relay.started_wall, relay.wait_before,
-            failure_exc, ttft=ttft,
-        )  # fmt: skip
-
-    def _interrupted(
-        self, call: CallState, relay: _Relay, exc: BaseException, failure: Failure | None
-    ) -> StreamInterruptedError:
-        partial = "".join(relay.parts)
-        message = failure.message if failure is not None else str(exc)
-        return StreamInterruptedError(
-            f"{self.step}: stream failed after its first chunk ({len(partial)} chars): {message}",
-            partial,
-            exc,
-            call.report,
-        )
-
     def _transform(
         self,
         inputs: Iterator[Input],
@@ -481,41 +504,27 @@ class ResilientRunnable(Runnable[Input, Output]):
         **kwargs: Any,
     ) -> Iterator[Output]:
         call = self._new_call(self._single(list(inputs)), run_manager, True, config, kwargs)
-        relay: _Relay = self._walk_sync(call)
-        sink = call.context.sink
-        rest = relay.opened.rest
-        ttft = self.engine.clock.monotonic() - relay.t0
-        done = False
+        relay: _Relay = self._walk_sync(call).start()
+        rest, done = relay.opened.rest, False
         try:
             for chunk in relay.opened.first:
-                relay.parts.append(_text_of(chunk))
-                yield chunk
-            if rest is not None:
-                while True:  # each wait bounded as in _atransform, where a helper thread can bound it
-                    bound = max(0.001, min(self.attempt_timeout, call.deadline.remaining()))
-                    with sink.scope():
-                        try:
-                            chunk = self.run_sync_attempt(functools.partial(next, rest), bound)
-                        except StopIteration:
-                            break
-                    relay.parts.append(_text_of(chunk))
-                    yield chunk
+                yield relay.took(chunk)
+            while rest is not None:  # each wait bounded as in _atransform, where a helper thread can bound it
+                with relay.sink.scope():
+                    chunk = self.run_sync_attempt(functools.partial(next, rest, _END), relay.bound())
+                if chunk is _END:
+                    break
+                yield relay.took(chunk)
             done = True
         except GeneratorExit:
-            attempts.cancelled(
-                self.engine, relay.attempt, relay.level, relay.t0, relay.started_wall, relay.wait_before
-            )
+            relay.cancelled()
             raise
         except Exception as exc:
-            with sink.scope():
-                failure = self._ended(call, relay, exc, None)
-            raise self._interrupted(call, relay, exc, failure) from exc
+            raise relay.failed(exc) from exc
         finally:
-            if not done and rest is not None:
-                with contextlib.suppress(Exception):
-                    rest.close()
-        with sink.scope():
-            self._ended(call, relay, None, ttft)
+            if not done:
+                _close(rest)
+        relay.finished()
 
     async def _atransform(
         self,
@@ -525,44 +534,31 @@ class ResilientRunnable(Runnable[Input, Output]):
         **kwargs: Any,
     ) -> AsyncIterator[Output]:
         call = self._new_call(self._single([x async for x in inputs]), run_manager, True, config, kwargs)
-        relay: _Relay = await self._walk(call)
-        sink = call.context.sink
-        rest = relay.opened.rest
-        ttft = self.engine.clock.monotonic() - relay.t0
-        done = False
+        relay: _Relay = (await self._walk(call)).start()
+        rest, done = relay.opened.rest, False
         try:
             for chunk in relay.opened.first:
-                relay.parts.append(_text_of(chunk))
-                yield chunk
-            if rest is not None:
-                while True:
-                    remaining = call.deadline.remaining()
-                    with sink.scope():
-                        try:
-                            async with asyncio.timeout(max(0.001, min(self.attempt_timeout, remaining))):
-                                chunk = await rest.__anext__()
-                        except StopAsyncIteration:
-                            break
-                    relay.parts.append(_text_of(chunk))
-                    yield chunk
+                yield relay.took(chunk)
+            while rest is not None:
+                with relay.sink.scope():
+                    async with asyncio.timeout(relay.bound()):
+                        chunk = await anext(rest, _END)
+                if chunk is _END:
+                    break
+                yield relay.took(chunk)
             done = True
         except (GeneratorExit, asyncio.CancelledError):
-            attempts.cancelled(
-                self.engine, relay.attempt, relay.level, relay.t0, relay.started_wall, relay.wait_before
-            )
+            relay.cancelled()
             raise
         except Exception as exc:
-            with sink.scope():
-                failure = self._ended(call, relay, exc, None)
-            await sink.aflush()
-            raise self._interrupted(call, relay, exc, failure) from exc
+            error = relay.failed(exc)
+            await relay.sink.aflush()
+            raise error from exc
         finally:
-            if not done and rest is not None and hasattr(rest, "aclose"):
-                with contextlib.suppress(Exception):
-                    await rest.aclose()
-        with sink.scope():
-            self._ended(call, relay, None, ttft)
-        await sink.aflush()
+            if not done:
+                await _aclose(rest)
+        relay.finished()
+        await relay.sink.aflush()
 
     @staticmethod
     def _single(items: list[Any]) -> Any:
@@ -576,9 +572,7 @@ class ResilientRunnable(Runnable[Input, Output]):
         return acc
 
     def stream(self, input: Input, config: RunnableConfig | None = None, **kwargs: Any) -> Iterator[Output]:
-        yield from self._transform_stream_with_config(
-            iter([input]), self._transform, ensure_config(config), **kwargs
-        )
+        yield from self.transform(iter([input]), config, **kwargs)  # a stream is a one-input transform
 
     def transform(
         self, input: Iterator[Input], config: RunnableConfig | None = None, **kwargs: Any
