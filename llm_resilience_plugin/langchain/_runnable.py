@@ -42,7 +42,7 @@ from langchain_core.utils.pydantic import TypeBaseModel
 from llm_resilience_plugin._engine import attempts
 from llm_resilience_plugin._engine.attempt import AttemptContext
 from llm_resilience_plugin._engine.breakers import DeploymentBreaker
-from llm_resilience_plugin._engine.clock import Clock, Deadline
+from llm_resilience_plugin._engine.clock import Clock, Deadline, call_budget
 from llm_resilience_plugin._engine.core import CallOptions, CallState, DeadlineSkip
 from llm_resilience_plugin._engine.drivers import walk_routes, walk_routes_sync
 from llm_resilience_plugin._engine.engine import Engine
@@ -332,7 +332,7 @@ class ResilientRunnable(Runnable[Input, Output]):
                 }
             )
         self.policy = eff
-        self.deadline = deadline or eff.deadline
+        self.deadline = call_budget(deadline, eff.deadline)
         self.attempt_timeout = attempt_timeout or eff.attempt_timeout
         self.first_chunk_timeout = first_chunk_timeout or attempt_timeout or eff.first_chunk_timeout
         self.retry_on = _predicate(retry_on)
@@ -428,7 +428,7 @@ class ResilientRunnable(Runnable[Input, Output]):
         return CallState(
             call_id=report.call_id,
             report=report,
-            deadline=Deadline.after(clock, min(self.deadline, config_deadline(config) or self.deadline)),
+            deadline=Deadline.after(clock, call_budget(self.deadline, cap=config_deadline(config))),
             stream=stream,
             listener=sink.on_event,
             before_retry=sink.before_retry_async,
