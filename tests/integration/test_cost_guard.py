@@ -215,7 +215,7 @@ async def test_scoped_budgets_apply_per_tenant_from_metadata_or_tags(
         for _ in range(20):
             await router.acompletion(model="primary", messages=MSG, max_tokens=5, metadata=acme)
             n_ok += 1
-    assert ei.value.budget == "tenant/day[tenant=acme] " + guard._windows(guard.now())[0]
+    assert ei.value.budget == "tenant/day[tenant=acme] " + guard.calendar.windows(guard.now())[0]
     assert sim.count() == n_ok >= 1
     # another tenant (as a LiteLLM metadata tag) has its own limit; calls without a tenant are free
     await router.acompletion(model="primary", messages=MSG, max_tokens=5, metadata={"tags": ["tenant:bob"]})
