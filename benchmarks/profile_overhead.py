@@ -88,8 +88,12 @@ async def held_objects(call: Call, stub: StubRouter, concurrency: int) -> float:
 
 
 def stubbed(router: Any, stub: StubRouter) -> Any:
-    """``router`` (a ResilientRouter) sending every attempt to ``stub``."""
-    router._router = stub
+    """``router`` (a ResilientRouter with ``dispatch: router``) sending every attempt to ``stub``.
+
+    Attempts reach the wrapped ``litellm.Router`` only through the engine's dispatcher (its public
+    ``router`` attribute), so the stub goes there; ``router.litellm_router`` (introspection, not on
+    the call path) keeps the real one.
+    """
     dispatcher = getattr(getattr(router, "engine", None), "dispatcher", None)
     if dispatcher is not None and hasattr(dispatcher, "router"):
         dispatcher.router = stub

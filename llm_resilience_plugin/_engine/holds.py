@@ -109,6 +109,11 @@ class HoldQueue:
             self._wakeups.add(event)
         return event
 
+    @property
+    def sleepers(self) -> int:
+        """How many calls wait out a hold now, each with a wakeup to resolve (read-only, for tests)."""
+        return len(self._wakeups)
+
     def forget(self, wake: asyncio.Future[None] | threading.Event) -> None:
         """Stop tracking ``wake`` (its waiting call slept its hold out, or was woken)."""
         with self._lock:

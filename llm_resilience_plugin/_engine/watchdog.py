@@ -34,6 +34,16 @@ class _LoopWatchdog:
     def remove(self, watch: AttemptWatchdog) -> None:
         self._watches.pop(watch, None)
 
+    @property
+    def in_flight(self) -> int:
+        """How many guards this loop's sweep watches now (a finished attempt's is gone)."""
+        return len(self._watches)
+
+    @property
+    def armed(self) -> bool:
+        """Is a sweep scheduled? It stops once nothing is in flight."""
+        return self._armed
+
     def _sweep(self) -> None:
         self._armed = False
         loop = self._loop()
@@ -65,6 +75,11 @@ def _watchdog(loop: asyncio.AbstractEventLoop) -> _LoopWatchdog:
         dog = _WATCHDOGS[loop] = _LoopWatchdog(loop)
     _last = (weakref.ref(loop), dog)
     return dog
+
+
+def loop_watchdog(loop: asyncio.AbstractEventLoop) -> _LoopWatchdog | None:
+    """The sweep of ``loop`` (None: no attempt was ever guarded on it); read-only use, for tests."""
+    return _WATCHDOGS.get(loop)
 
 
 class AttemptWatchdog:

@@ -444,8 +444,8 @@ def parse_deployments(text: str) -> list[str]:
     return [check_deployment(name.strip()) for name in text.split(",") if name.strip()]
 
 
-def _wait_forever(simulator: ProviderSimulator) -> None:
-    """Block until Ctrl-C (a seam for tests)."""
+def wait_forever(simulator: ProviderSimulator) -> None:
+    """Block until Ctrl-C (a seam: tests replace it to act while the server runs)."""
     while True:
         time.sleep(3600)
 
@@ -490,7 +490,7 @@ def serve(simulator: ProviderSimulator, deployments: Sequence[str]) -> int:
             for name in deployments:
                 print(f"  {name}: {simulator.api_base(name)}", flush=True)
             print("Press Ctrl-C to stop.", flush=True)
-            _wait_forever(simulator)
+            wait_forever(simulator)
         finally:
             simulator.stop()
     return 0

@@ -15,6 +15,7 @@ import litellm
 from litellm.integrations.custom_logger import CustomLogger
 
 from llm_resilience_plugin import ResilientRouter
+from llm_resilience_plugin.events import hidden_params_of
 from llm_resilience_plugin.testing._simulator import ProviderSimulator
 from tests.conftest import FAST_POLICY, deployment
 
@@ -91,7 +92,7 @@ def normalize(obj: Any, key: str | None = None) -> Any:
 
 def hidden_view(obj: Any) -> dict[str, Any]:
     """The _hidden_params a caller reads (values) and the measured ones (presence only)."""
-    hidden = dict(getattr(obj, "_hidden_params", None) or {})
+    hidden = dict(hidden_params_of(obj) or {})
     for name in HIDDEN_PLUGIN_ONLY:
         hidden.pop(name, None)
     view: dict[str, Any] = {k: hidden.pop(k, "<missing>") for k in HIDDEN_READ}

@@ -17,6 +17,7 @@ import pytest
 from llm_resilience_plugin import BudgetExceededError, ConfigError, ResilientRouter, get_report
 from llm_resilience_plugin.cost._guard import Budget, BudgetAlert, CostGuard, Price
 from llm_resilience_plugin.cost._ledger import MemoryLedger
+from llm_resilience_plugin.events import hidden_params_of
 from llm_resilience_plugin.testing import FakeClock
 from llm_resilience_plugin.testing._simulator import Fault, ProviderSimulator, estimate_prompt_tokens
 from tests.conftest import FAST_POLICY, MSG, RouterFactory, deployment
@@ -126,7 +127,7 @@ async def test_retry_reserves_per_attempt_releases_the_failure_settles_the_succe
     assert sim.count("a") == 2
     spent, reserved = daily_usage(guard)
     assert reserved == 0
-    assert spent == pytest.approx(resp._hidden_params["response_cost"], abs=1e-9)
+    assert spent == pytest.approx(hidden_params_of(resp)["response_cost"], abs=1e-9)
     assert spent == pytest.approx(
         resp.usage.prompt_tokens * IN + resp.usage.completion_tokens * OUT, abs=1e-9
     )
@@ -215,7 +216,7 @@ async def test_scoped_budgets_apply_per_tenant_from_metadata_or_tags(
         for _ in range(20):
             await router.acompletion(model="primary", messages=MSG, max_tokens=5, metadata=acme)
             n_ok += 1
-    assert ei.value.budget == "tenant/day[tenant=acme] " + guard._windows(guard.now())[0]
+    assert ei.value.budget == "tenant/day[tenant=acme] " + guard.calendar.windows(guard.now())[0]
     assert sim.count() == n_ok >= 1
     # another tenant (as a LiteLLM metadata tag) has its own limit; calls without a tenant are free
     await router.acompletion(model="primary", messages=MSG, max_tokens=5, metadata={"tags": ["tenant:bob"]})

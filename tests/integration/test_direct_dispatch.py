@@ -14,6 +14,7 @@ import pytest
 from litellm.integrations.custom_logger import CustomLogger
 
 from llm_resilience_plugin import AllRoutesFailedError, ConfigError, ResilientRouter
+from llm_resilience_plugin.events import hidden_params_of
 from llm_resilience_plugin.routing._direct import DirectDispatcher
 from llm_resilience_plugin.routing._dispatch import RouterDispatcher
 from llm_resilience_plugin.testing import FakeClock
@@ -182,7 +183,7 @@ async def test_same_arguments_bodies_headers_and_responses(
         a, b = resps["router"], resps["direct"]
         assert a.model == b.model and a.usage == b.usage
         assert _choices(a) == _choices(b)
-        ha, hb = a._hidden_params, b._hidden_params
+        ha, hb = hidden_params_of(a), hidden_params_of(b)
         for key in ("model_id", "api_base", "response_cost", "custom_llm_provider", "litellm_model_name"):
             assert ha[key] == hb[key], key
         assert ha["response_cost"] > 0
@@ -359,7 +360,7 @@ async def test_streams_give_the_same_chunks(
             async for chunk in stream:
                 d = chunk.model_dump()
                 d.pop("id"), d.pop("created")
-                hidden = {k: v for k, v in chunk._hidden_params.items() if k not in VOLATILE_HIDDEN}
+                hidden = {k: v for k, v in hidden_params_of(chunk).items() if k not in VOLATILE_HIDDEN}
                 hidden["additional_headers"] = _normal_headers(hidden.get("additional_headers") or {})
                 got.append({**d, "_hidden_params": hidden})
             chunks[mode] = got
@@ -424,7 +425,7 @@ async def test_breakers_and_retries_work_direct(
     sim.set_default("a", Fault.server_error(500))
     for _ in range(40):
         resp = await r.acompletion(model="g", messages=MSG)
-        assert resp._hidden_params["model_id"] == "b"
+        assert hidden_params_of(resp)["model_id"] == "b"
         if r.breakers()["a"]["state"] == "open":
             break
     assert r.breakers()["a"]["state"] == "open"
@@ -439,8 +440,8 @@ def test_sync_completion_goes_direct(sim: ProviderSimulator, routers: list[Resil
     rs = _routers([deployment(sim, "g", "a")])
     routers.extend(rs.values())
     resp = rs["direct"].completion(model="g", messages=MSG)
-    assert resp._hidden_params["model_id"] == "a"
-    assert resp._hidden_params["additional_headers"]["x-litellm-model-group"] == "g"
+    assert hidden_params_of(resp)["model_id"] == "a"
+    assert hidden_params_of(resp)["additional_headers"]["x-litellm-model-group"] == "g"
 
 
 def test_check_says_which_dispatcher_each_group_uses(

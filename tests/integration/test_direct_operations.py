@@ -17,6 +17,7 @@ import litellm
 import pytest
 
 from llm_resilience_plugin import AllRoutesFailedError, ResilientRouter
+from llm_resilience_plugin.events import hidden_params_of
 from llm_resilience_plugin.routing._direct import DirectDispatcher
 from llm_resilience_plugin.testing import FakeClock
 from llm_resilience_plugin.testing._simulator import Fault, ProviderSimulator
@@ -173,7 +174,7 @@ async def test_same_arguments_bodies_headers_and_responses(
         assert reqs["router"].headers == reqs["direct"].headers
         a, b = resps["router"], resps["direct"]
         assert _body(op, a) == _body(op, b)
-        ha, hb = a._hidden_params, b._hidden_params
+        ha, hb = hidden_params_of(a), hidden_params_of(b)
         for key in ("model_id", "api_base", "response_cost", "litellm_model_name", "custom_llm_provider"):
             assert ha.get(key) == hb.get(key), key
         assert ha["model_id"] == "a" and ha["response_cost"] > 0
@@ -181,7 +182,7 @@ async def test_same_arguments_bodies_headers_and_responses(
         norm = lambda h: {k: v for k, v in (h or {}).items() if k not in VOLATILE_HEADERS}  # noqa: E731
         assert norm(ha.get("additional_headers")) == norm(hb.get("additional_headers"))
         assert getattr(a, "usage", None) == getattr(b, "usage", None)
-        ra, rb = a._hidden_params["llm_resilience_report"], b._hidden_params["llm_resilience_report"]
+        ra, rb = hidden_params_of(a)["llm_resilience_report"], hidden_params_of(b)["llm_resilience_report"]
         assert (ra.deployment_id, ra.usage, ra.response_cost) == (
             rb.deployment_id,
             rb.usage,
@@ -344,7 +345,7 @@ async def test_responses_streams_give_the_same_events(
 def test_sync_twins_go_direct(sim: ProviderSimulator, pair: Any) -> None:
     r = pair(_model_list(sim, "embedding"))["direct"]
     resp = r.embedding("g", ["x"])
-    assert resp._hidden_params["model_id"] == "a"
+    assert hidden_params_of(resp)["model_id"] == "a"
     assert r.engine.dispatcher.sent_direct == 1  # type: ignore[union-attr]
 
 
@@ -362,7 +363,7 @@ async def test_text_completion_streams_give_the_same_chunks(
         async for chunk in stream:
             d = chunk.model_dump() if hasattr(chunk, "model_dump") else dict(chunk)
             d.pop("id", None), d.pop("created", None)
-            hidden = getattr(chunk, "_hidden_params", None) or {}
+            hidden = hidden_params_of(chunk) or {}
             d["_hidden"] = {k: hidden.get(k) for k in ("model_id", "api_base", "custom_llm_provider")}
             got.append(d)
         chunks[mode] = got

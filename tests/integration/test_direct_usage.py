@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from llm_resilience_plugin import ResilientRouter
+from llm_resilience_plugin.events import hidden_params_of
 from llm_resilience_plugin.routing import _direct_plan
 from llm_resilience_plugin.routing._direct import DirectDispatcher
 from llm_resilience_plugin.testing import FakeClock
@@ -74,7 +75,7 @@ async def test_usage_counts_and_headers_are_the_same(
                     await call(r)
             else:
                 resp = await call(r)
-                seen[mode].append(_limits(resp._hidden_params["additional_headers"]))
+                seen[mode].append(_limits(hidden_params_of(resp)["additional_headers"]))
             seen[mode].append(await r.litellm_router.health().usage("g", kind="remaining"))
         seen[mode].append(_counters(r))
     assert rs["direct"].engine.dispatcher.sent_direct == 5  # type: ignore[union-attr]

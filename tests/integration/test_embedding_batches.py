@@ -15,6 +15,7 @@ import pytest
 
 from llm_resilience_plugin import ConfigError, ResilientRouter, get_report
 from llm_resilience_plugin.cost import Budget, CostGuard
+from llm_resilience_plugin.events import hidden_params_of
 from llm_resilience_plugin.routing._batches import batch_concurrency
 from llm_resilience_plugin.testing import FakeClock, Fault, ProviderSimulator, RequestRecord, embedding_vector
 
@@ -152,7 +153,7 @@ async def test_each_batch_reserves_and_settles_once(build, sim):
     resp = await router.aembedding(model="g", input=TEXTS)
     entries = guard.ledger.entries()
     assert len(entries) == 4 and not any(e.estimated for e in entries)
-    assert sum(e.cost for e in entries) == pytest.approx(resp._hidden_params["response_cost"])
+    assert sum(e.cost for e in entries) == pytest.approx(hidden_params_of(resp)["response_cost"])
     assert get_report(resp).response_cost == pytest.approx(sum(e.cost for e in entries))  # type: ignore[union-attr]
 
 

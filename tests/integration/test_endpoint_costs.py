@@ -11,6 +11,7 @@ import pytest
 
 from llm_resilience_plugin import BudgetExceededError, ResilientRouter
 from llm_resilience_plugin.cost import Budget, CostGuard
+from llm_resilience_plugin.events import hidden_params_of
 from llm_resilience_plugin.testing import FakeClock, ProviderSimulator
 
 from ..conftest import FAST_POLICY
@@ -40,7 +41,7 @@ async def test_an_openai_completion_model_is_reserved_and_settled_from_litellms_
         usage = resp.usage
         by_price = usage.prompt_tokens * 1.5e-06 + usage.completion_tokens * 2e-06
         assert not entry.estimated
-        assert entry.cost == pytest.approx(by_price) == pytest.approx(resp._hidden_params["response_cost"])
+        assert entry.cost == pytest.approx(by_price) == pytest.approx(hidden_params_of(resp)["response_cost"])
     finally:
         router.close()
 
@@ -77,7 +78,7 @@ async def test_embeddings_and_responses_settle_to_what_litellm_reports(
         resp = await fn(model="g", **call)
         (entry,) = guard.ledger.entries()
         assert not entry.estimated and entry.cost > 0
-        assert entry.cost == pytest.approx(resp._hidden_params["response_cost"])
+        assert entry.cost == pytest.approx(hidden_params_of(resp)["response_cost"])
         assert entry.completion_tokens == 0 if mode == "embedding" else entry.completion_tokens > 0
     finally:
         router.close()

@@ -16,6 +16,7 @@ from litellm.types.llms.openai import ResponsesAPIResponse
 from llm_resilience_plugin import BudgetExceededError, ConfigError, ResilientRouter, get_report
 from llm_resilience_plugin.cost import Budget, CostGuard
 from llm_resilience_plugin.errors import ErrorClass
+from llm_resilience_plugin.events import hidden_params_of
 from llm_resilience_plugin.testing import Clock, FakeClock, Fault, ProviderSimulator, embedding_vector
 
 from ..conftest import FAST_POLICY, _merge
@@ -168,7 +169,7 @@ async def test_cost_guard_settles_embeddings_and_images_from_what_was_served(bui
     router = build("embedding", {"g": ["a"]}, guards=[guard])
     resp = await router.aembedding(model="g", input=["one two three"])
     (entry,) = guard.ledger.entries()
-    assert entry.cost == pytest.approx(resp._hidden_params["response_cost"]) and entry.cost > 0
+    assert entry.cost == pytest.approx(hidden_params_of(resp)["response_cost"]) and entry.cost > 0
     guard2 = CostGuard([Budget.daily(10)])
     images = build("image_generation", {"g": ["i"]}, guards=[guard2])
     await images.aimage_generation(model="g", prompt="a red cube", n=3)

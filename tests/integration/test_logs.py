@@ -17,6 +17,7 @@ from langchain_core.runnables import RunnableConfig, RunnableLambda
 from langchain_litellm import ChatLiteLLM
 
 from llm_resilience_plugin.cost._guard import Budget, CostGuard
+from llm_resilience_plugin.events import hidden_params_of
 from llm_resilience_plugin.langchain._callbacks import CostGuardCallbackHandler, StructuredLogCallbackHandler
 from llm_resilience_plugin.observability._logs import (
     JsonFormatter,
@@ -109,7 +110,7 @@ async def test_every_attempt_of_a_retried_then_fallen_back_call_is_logged(
     ok = attempts[-1]
     assert ok["served_model"] == "gpt-4o-mini"
     assert ok["prompt_tokens"] == resp.usage.prompt_tokens and ok["completion_tokens"] == 5
-    assert ok["cost"] == pytest.approx(resp._hidden_params["response_cost"])
+    assert ok["cost"] == pytest.approx(hidden_params_of(resp)["response_cost"])
     assert ok["budget_remaining"] == pytest.approx(0.5 - ok["cost"], abs=1e-9)
     assert ok["budget_tightest"].startswith("tenant/day[tenant=acme]")
     assert [a["cost"] for a in attempts[:4]] == [0.0] * 4

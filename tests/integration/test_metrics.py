@@ -8,6 +8,7 @@ import json
 import pytest
 
 from llm_resilience_plugin.cost._guard import Budget, CostGuard
+from llm_resilience_plugin.events import hidden_params_of
 from llm_resilience_plugin.observability._metrics import MetricsCollector, percentile
 from llm_resilience_plugin.testing._simulator import Fault, ProviderSimulator
 from tests.conftest import MSG, RouterFactory
@@ -21,14 +22,14 @@ async def test_summary_of_mixed_traffic(make_router: RouterFactory, sim: Provide
     costs: list[float] = []
     for _ in range(6):  # healthy
         r = await router.acompletion(model="primary", messages=MSG, max_tokens=5)
-        costs.append(r._hidden_params["response_cost"])
+        costs.append(hidden_params_of(r)["response_cost"])
     for _ in range(2):  # one retry each
         sim.script("a", Fault.server_error(500))
         r = await router.acompletion(model="primary", messages=MSG, max_tokens=5)
-        costs.append(r._hidden_params["response_cost"])
+        costs.append(hidden_params_of(r)["response_cost"])
     sim.script("a", Fault.auth())  # fails over at once
     r = await router.acompletion(model="primary", messages=MSG, max_tokens=5)
-    costs.append(r._hidden_params["response_cost"])
+    costs.append(hidden_params_of(r)["response_cost"])
     stream = await router.acompletion(model="primary", messages=MSG, max_tokens=5, stream=True)
     async for _ in stream:
         pass

@@ -946,7 +946,7 @@ def test_command_line_entry_point(
         seen["content"] = response.json()["choices"][0]["message"]["content"]
         raise KeyboardInterrupt  # what Ctrl-C does
 
-    monkeypatch.setattr(simulator_module, "_wait_forever", fake_wait)
+    monkeypatch.setattr(simulator_module, "wait_forever", fake_wait)
     assert simulator_module.main(["--port", "0", "--deployments", "a, b"]) == 0
     lines = seen["lines"]
     assert lines[0].startswith("ProviderSimulator listening on http://127.0.0.1:")

@@ -16,6 +16,7 @@ import pytest
 from llm_resilience_plugin import BudgetExceededError, ConfigError, ResilientRouter, get_report
 from llm_resilience_plugin.cost import Budget, BudgetAlert, CostGuard
 from llm_resilience_plugin.errors import ErrorClass
+from llm_resilience_plugin.events import hidden_params_of
 from llm_resilience_plugin.testing import Clock
 from llm_resilience_plugin.testing._simulator import Fault, ProviderSimulator, estimate_prompt_tokens
 from tests.conftest import MSG, RouterFactory
@@ -91,7 +92,7 @@ async def test_a_connection_dropped_after_sending_settles_the_estimate(
     dropped, served = guard.ledger.entries()
     assert dropped.estimated and dropped.cost == pytest.approx(estimate_of(guard, router, max_tokens=5))
     assert not served.estimated
-    assert served.cost == pytest.approx(resp._hidden_params["response_cost"], abs=1e-9)
+    assert served.cost == pytest.approx(hidden_params_of(resp)["response_cost"], abs=1e-9)
     assert daily(guard) == (pytest.approx(dropped.cost + served.cost, abs=1e-9), 0)
 
 

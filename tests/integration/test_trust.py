@@ -18,6 +18,7 @@ from llm_resilience_plugin import (
     ResilientRouter,
     get_report,
 )
+from llm_resilience_plugin.events import hidden_params_of
 from llm_resilience_plugin.testing import Fault, ProviderSimulator
 from tests.conftest import FAST_POLICY, MSG, RouterFactory, deployment
 
@@ -55,7 +56,9 @@ async def test_a_provider_echoing_the_key_never_reaches_reports_errors_or_respon
         report = get_report(resp)
         assert report is not None and report.served_group == "backup"
         _assert_clean(json.dumps(report.to_dict(), default=str))
-        _assert_clean(str(resp._hidden_params))
+        hidden = hidden_params_of(resp)
+        assert hidden is not None
+        _assert_clean(str(hidden))
         # Nothing serves it: the error lists every attempt.
         sim.set_default("b", Fault.http_error(503, message=echo))
         with pytest.raises(AllRoutesFailedError) as info:

@@ -28,6 +28,7 @@ import redis
 from llm_resilience_plugin import BudgetExceededError, ResilientRouter
 from llm_resilience_plugin.cost import LedgerUnavailableError, RedisLedger
 from llm_resilience_plugin.cost._guard import Budget, CostGuard
+from llm_resilience_plugin.events import hidden_params_of
 from llm_resilience_plugin.shared_state import RedisSharedState
 from llm_resilience_plugin.testing import Clock
 from llm_resilience_plugin.testing._simulator import Fault, ProviderSimulator, estimate_prompt_tokens
@@ -148,7 +149,7 @@ def breaker_state_worker(port: int, redis_url: str, ns: str, calls: int) -> dict
         out = []
         for _ in range(calls):
             resp = await router.acompletion(model="primary", messages=[{"role": "user", "content": "hi"}])
-            out.append(resp._hidden_params["model_id"])
+            out.append(hidden_params_of(resp)["model_id"])
         return out
 
     served = asyncio.run(run())
@@ -165,7 +166,7 @@ def hammer_worker(port: int, redis_url: str, ns: str, calls: int) -> dict[str, A
     async def run() -> list[Any]:
         async def one() -> Any:
             resp = await router.acompletion(model="primary", messages=[{"role": "user", "content": "hi"}])
-            return resp._hidden_params["model_id"]
+            return hidden_params_of(resp)["model_id"]
 
         return await asyncio.gather(*(one() for _ in range(calls)), return_exceptions=True)
 
@@ -188,13 +189,14 @@ def pool() -> Iterator[ProcessPoolExecutor]:
     """4 spawned workers, started (LiteLLM imported) before the first test is timed."""
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(WORKERS)
+    others = set(multiprocessing.active_children())
     ex = ProcessPoolExecutor(WORKERS, mp_context=ctx, initializer=_init_worker, initargs=(barrier,))
     try:
         pids = [f.result(timeout=180) for f in [ex.submit(_ready) for _ in range(WORKERS)]]
         assert len(set(pids)) == WORKERS
         yield ex
     finally:
-        procs = list((getattr(ex, "_processes", None) or {}).values())
+        procs = [p for p in multiprocessing.active_children() if p not in others]  # the pool's workers
         ex.shutdown(wait=False, cancel_futures=True)
         for p in procs:  # the workers hold nothing worth a graceful exit
             p.terminate()
@@ -360,7 +362,7 @@ async def test_redis_stopped_mid_run_then_restarted(
     t0 = time.monotonic()
     for _ in range(15):
         resp = await plain.acompletion(model="primary", messages=msg)
-        assert resp._hidden_params["model_id"] == "b" or resp is not None
+        assert hidden_params_of(resp)["model_id"] == "b" or resp is not None
         if plain.breaker("a").state == "open":
             break
     assert plain.breaker("a").state == "open"

@@ -31,8 +31,19 @@ MODULES = ["llm_resilience_plugin.errors", "llm_resilience_plugin.events"]
 ROOT = Path(llm_resilience_plugin.__file__).parent.parent
 
 
+def _export_table() -> dict[str, str]:
+    """The lazy-export table (name -> module) as ``__init__.py`` spells it: read from the source,
+    like the TYPE_CHECKING block below, not from the module's private attribute."""
+    for node in ast.parse(Path(llm_resilience_plugin.__file__).read_text()).body:
+        if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", None) == "_EXPORTS":
+            table = ast.literal_eval(node.value)  # type: ignore[arg-type]
+            assert isinstance(table, dict)
+            return table
+    raise AssertionError("llm_resilience_plugin/__init__.py has no export table")
+
+
 def test_top_level_all_is_the_lazy_export_table() -> None:
-    exports = llm_resilience_plugin._EXPORTS
+    exports = _export_table()
     assert sorted(llm_resilience_plugin.__all__) == sorted(exports)
     assert len(llm_resilience_plugin.__all__) <= 15, "keep the top level small; use a subpackage"
     for name in llm_resilience_plugin.__all__:
@@ -45,6 +56,7 @@ def test_type_checking_block_names_exactly_the_exports() -> None:
     """Type checkers read the TYPE_CHECKING imports; they must name the same things."""
     tree = ast.parse(Path(llm_resilience_plugin.__file__).read_text())
     names: set[str] = set()
+    exports = _export_table()
     for node in tree.body:
         if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
             for imp in node.body:
@@ -52,7 +64,7 @@ def test_type_checking_block_names_exactly_the_exports() -> None:
                 for alias in imp.names:
                     names.add(alias.asname or alias.name)
                     module = imp.module.removeprefix("llm_resilience_plugin.")  # type: ignore[union-attr]
-                    assert llm_resilience_plugin._EXPORTS[alias.name] == module
+                    assert exports[alias.name] == module
     assert names == set(llm_resilience_plugin.__all__)
 
 
@@ -128,4 +140,5 @@ def test_version_comes_from_the_installed_metadata(monkeypatch: pytest.MonkeyPat
         raise importlib.metadata.PackageNotFoundError(name)
 
     monkeypatch.setattr(importlib.metadata, "version", missing)
-    assert llm_resilience_plugin._version() == "0+unknown"  # a source tree without metadata
+    monkeypatch.delattr(llm_resilience_plugin, "__version__")  # forget the value read above
+    assert llm_resilience_plugin.__version__ == "0+unknown"  # a source tree without metadata

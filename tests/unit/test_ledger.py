@@ -4,6 +4,7 @@ clock, alerts once per window."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -220,7 +221,9 @@ def test_open_ledger_specs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
 def test_sqlite_uses_wal(tmp_path: Path):
     led = SQLiteLedger(tmp_path / "w.db")
-    mode = led._conn().execute("PRAGMA journal_mode").fetchone()[0]
+    # WAL is a property of the database file: any connection to it (here a fresh one) reads it back.
+    with contextlib.closing(sqlite3.connect(led.path)) as other:
+        mode = other.execute("PRAGMA journal_mode").fetchone()[0]
     assert mode == "wal"
     led.close()
 
@@ -390,7 +393,7 @@ def test_day_and_month_windows_roll_over_at_local_midnight(tmp_path: Path):
 
 def test_naive_now_is_read_in_the_guard_timezone_and_dst_days_are_23_hours():
     tokyo = CostGuard([Budget.daily(1)], now=lambda: datetime(2026, 1, 1, 8, 0), timezone="Asia/Tokyo")
-    assert tokyo._windows(tokyo.now()) == ("2026-01-01", "2026-01")
+    assert tokyo.calendar.windows(tokyo.now()) == ("2026-01-01", "2026-01")
     assert datetime.fromtimestamp(tokyo.now(), ZoneInfo("UTC")).hour == 23  # 2025-12-31 23:00 UTC
     ny = CostGuard([Budget.daily(1)], timezone="America/New_York")
     start, end = ny.window_bounds(

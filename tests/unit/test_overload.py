@@ -180,7 +180,7 @@ def test_a_blocking_call_waiting_out_a_hold_is_released_when_it_turns_out_to_be_
     sleeper = threading.Thread(target=hold_sleep_blocking, args=(state, clock, 30.0))
     t0 = time.monotonic()
     sleeper.start()
-    while not holds._wakeups:  # the sleeper is waiting on its event
+    while not holds.sleepers:  # the sleeper is waiting on its event
         time.sleep(0.001)
     holds.held("a", clock.wall(), 30.0)  # a second refusal: crowded, not yet our load
     holds.answered("a", clock.wall())  # and an answer to another request of ours: saturated
@@ -188,7 +188,7 @@ def test_a_blocking_call_waiting_out_a_hold_is_released_when_it_turns_out_to_be_
     assert not sleeper.is_alive()
     assert time.monotonic() - t0 < 5.0  # not the 30 s hold
     assert len(slept) == 1 and slept[0] < 5.0
-    assert not holds._wakeups and not state.waiting_hold
+    assert not holds.sleepers and not state.waiting_hold
 
 
 def test_a_blocking_hold_wait_that_is_not_our_load_sleeps_it_out() -> None:
@@ -202,7 +202,7 @@ def test_a_blocking_hold_wait_that_is_not_our_load_sleeps_it_out() -> None:
     sleeper = threading.Thread(target=hold_sleep_blocking, args=(state, clock, 0.2))
     t0 = time.monotonic()
     sleeper.start()
-    while not holds._wakeups:
+    while not holds.sleepers:
         time.sleep(0.001)
     holds.held("b", clock.wall(), 1.0)  # another deployment's refusal wakes it: not our load
     sleeper.join(5.0)

@@ -1,4 +1,5 @@
-"""No module of the package uses another module's private (``_name``) attributes.
+"""No module of the package uses another module's private (``_name``) attributes, and neither do
+the tests and benchmarks.
 
 test_layout.py refuses ``from x import _name``; this test covers the other spellings:
 ``obj._name``, ``self._name`` and ``getattr(obj, "_name")``, including ``module._name`` and a
@@ -10,6 +11,14 @@ class level). What does not define it: a bare annotation (``_name: T``) and anyt
 TYPE_CHECKING:`` (a stub of another module's private is exactly the use this test refuses).
 It cannot tell two same-named attributes of different classes apart; it catches the common case,
 a name whose only definition is elsewhere. Dunder names are public by convention.
+
+tests/ and benchmarks/ may not use the package's private names either (``from
+llm_resilience_plugin.x import _name``, ``obj._name`` read or written, ``getattr``/``setattr``/
+``monkeypatch.setattr(obj, "_name")`` and dotted ``"llm_resilience_plugin.x._name"`` targets): a
+white-box test goes through a public, documented view of what it checks. There a private name
+counts only if the package defines it, and a file's own privates (its ``def``/``class``, module
+or class names, ``self._name =``) are its own to use. Private modules (``_simulator``) are not
+names: importing them is fine, as in test_layout.py.
 """
 
 from __future__ import annotations
@@ -24,6 +33,8 @@ import llm_resilience_plugin
 
 PACKAGE = Path(llm_resilience_plugin.__file__).parent
 SOURCES = sorted(PACKAGE.rglob("*.py"))
+ROOT = PACKAGE.parent
+OUTSIDE = sorted(path for folder in ("tests", "benchmarks") for path in (ROOT / folder).rglob("*.py"))
 
 # Third-party private names the package uses on purpose: (file, name) -> why.
 ALLOWED: dict[tuple[str, str], str] = {
@@ -34,6 +45,17 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("routing/_direct_plan.py", "_shaping"): "litellm.Router's request shaping; no public accessor",
     ("routing/_sse_skip.py", "_iterator"): "openai.AsyncStream's generator: is the stream unread?",
     ("events.py", "_hidden_params"): "LiteLLM keeps cost and ids only there (read in hidden_params_of)",
+}
+
+# Outside the package (path from the repository root, name) -> why: names the package defines
+# too, but that belong to a third-party object here.
+OUTSIDE_ALLOWED: dict[tuple[str, str], str] = {
+    ("tests/unit/test_events.py", "_hidden_params"): "LiteLLM's attribute: the test of hidden_params_of "
+    "fills a real response's and checks it gets that very dict back",
+    ("tests/langchain/integration_tests/test_chat_model.py", "_get_ls_params"): "LangChain's "
+    "BaseChatModel hook for LangSmith params (ResilientChatModel overrides it); no public accessor",
+    ("tests/langchain/integration_tests/test_surface.py", "_get_llm_string"): "LangChain's "
+    "BaseChatModel hook for the LLM cache key (ResilientChatModel overrides it); no public accessor",
 }
 
 
@@ -96,6 +118,75 @@ def private_uses(source: str) -> list[tuple[int, str]]:
     return sorted(set(found))
 
 
+def package_private_names() -> set[str]:
+    """Every private name some module of the package defines."""
+    return {n for path in SOURCES for n in _defined_names(ast.parse(path.read_text())) if _private(n)}
+
+
+def _own_names(tree: ast.Module) -> set[str]:
+    """What a test or benchmark file defines for itself: its functions and classes, module and
+    class-level names, and attributes it assigns on ``self``/``cls`` (its own classes)."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.ctx, ast.Store)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in ("self", "cls")
+        ):
+            names.add(node.attr)
+    return names
+
+
+def _is_module(dotted: str) -> bool:
+    path = ROOT / dotted.replace(".", "/")
+    return path.with_suffix(".py").is_file() or path.is_dir()
+
+
+# Calls whose second argument names an attribute: the builtins, monkeypatch's, mock.patch.object.
+ACCESSORS = ("getattr", "setattr", "hasattr", "delattr", "object")
+
+
+def _called(func: ast.expr) -> str:
+    """The name a call is spelled with: ``setattr`` in ``setattr(...)`` and ``monkeypatch.setattr(...)``."""
+    if isinstance(func, ast.Name):
+        return func.id
+    return func.attr if isinstance(func, ast.Attribute) else ""
+
+
+def _string(node: ast.AST) -> str | None:
+    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+
+
+def outside_private_uses(source: str, package_names: set[str]) -> list[tuple[int, str]]:
+    """(line, name) of each of the package's private names ``source`` (a test or benchmark)
+    imports, reads, writes or patches without defining it itself."""
+    tree = ast.parse(source)
+    own = _own_names(tree)
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("llm_resilience_plugin"):
+            names = [a.name for a in node.names if not _is_module(f"{node.module}.{a.name}")]
+        elif isinstance(node, ast.Attribute):  # read or written
+            names = [node.attr]
+        elif isinstance(node, ast.Call) and node.args:
+            attr = _string(node.args[1]) if len(node.args) > 1 else None
+            if _called(node.func) in ACCESSORS and attr is not None:
+                names.append(attr)
+            target = _string(node.args[0])
+            if target is not None and target.startswith("llm_resilience_plugin."):
+                names.append(target.rsplit(".", 1)[-1])  # monkeypatch.setattr("pkg.mod._x", ...)
+        for name in names:
+            if _private(name) and name in package_names and name not in own:
+                found.append((getattr(node, "lineno", 0), name))
+    return sorted(set(found))
+
+
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(PACKAGE)))
 def test_no_module_uses_another_modules_private_attributes(path: Path) -> None:
     where = path.relative_to(PACKAGE).as_posix()
@@ -114,6 +205,64 @@ def test_every_allowance_is_still_needed() -> None:
         for _, name in private_uses(path.read_text())
     }
     assert set(ALLOWED) <= used, f"no longer used, drop from ALLOWED: {sorted(set(ALLOWED) - used)}"
+
+
+@pytest.fixture(scope="module")
+def package_names() -> set[str]:
+    return package_private_names()
+
+
+@pytest.mark.parametrize("path", OUTSIDE, ids=lambda p: str(p.relative_to(ROOT)))
+def test_tests_and_benchmarks_use_no_private_name_of_the_package(path: Path, package_names: set[str]) -> None:
+    where = path.relative_to(ROOT).as_posix()
+    uses = outside_private_uses(path.read_text(), package_names)
+    offenders = [f"line {line}: {name}" for line, name in uses if (where, name) not in OUTSIDE_ALLOWED]
+    assert not offenders, (
+        f"{where} uses the package's private names: {offenders}; give the package a public, "
+        "documented view of what the test needs (a read-only property, a public function in the "
+        "private module), or assert through public behaviour"
+    )
+
+
+def test_every_outside_allowance_is_still_needed(package_names: set[str]) -> None:
+    used = {
+        (path.relative_to(ROOT).as_posix(), name)
+        for path in OUTSIDE
+        for _, name in outside_private_uses(path.read_text(), package_names)
+    }
+    stale = sorted(set(OUTSIDE_ALLOWED) - used)
+    assert not stale, f"no longer used, drop from OUTSIDE_ALLOWED: {stale}"
+
+
+def test_the_outside_heuristic_flags_the_packages_privates_in_every_spelling() -> None:
+    test = (
+        "from llm_resilience_plugin.cost._guard import _secret\n"
+        "from llm_resilience_plugin.testing import _simulator\n"  # a private module: fine
+        "def test_it(monkeypatch, router, led):\n"
+        "    router._router = object()\n"
+        "    led._conn().execute('x')\n"
+        "    monkeypatch.setattr(_simulator, '_wait', print)\n"
+        "    monkeypatch.setattr('llm_resilience_plugin.x._clock', None)\n"
+        "    return getattr(led, '_lock'), led._public_looking, router.engine\n"
+    )
+    package = {"_secret", "_router", "_conn", "_wait", "_clock", "_lock", "_simulator"}
+    assert {name for _, name in outside_private_uses(test, package)} == {
+        "_secret", "_router", "_conn", "_wait", "_clock", "_lock"
+    }  # fmt: skip
+
+
+def test_the_outside_heuristic_allows_a_test_files_own_privates() -> None:
+    own = (
+        "_CALLS = []\n"
+        "class FakeLedger:\n"
+        "    _kind = 'fake'\n"
+        "    def __init__(self):\n"
+        "        self._conn = None\n"
+        "    def _reset(self, other: 'FakeLedger'):\n"
+        "        other._conn = _CALLS\n"
+        "        return self._conn, FakeLedger._kind, self._reset, os._exit\n"
+    )
+    assert outside_private_uses(own, {"_conn", "_kind", "_reset", "_CALLS"}) == []
 
 
 def test_the_heuristic_flags_a_mixin_reaching_into_its_host() -> None:

@@ -25,10 +25,10 @@ async def test_finished_attempt_is_untouched_and_forgotten() -> None:
     with AttemptWatchdog(1.0) as dog:
         await asyncio.sleep(0)
     assert not dog.fired
-    loop_dog = watchdog._WATCHDOGS[asyncio.get_running_loop()]
-    assert loop_dog._watches == {}
+    loop_dog = watchdog.loop_watchdog(asyncio.get_running_loop())
+    assert loop_dog is not None and loop_dog.in_flight == 0
     await asyncio.sleep(SWEEP_INTERVAL * 2)  # the sweep stops once nothing is in flight
-    assert not loop_dog._armed
+    assert not loop_dog.armed
 
 
 async def test_cancellation_from_elsewhere_stays_a_cancellation() -> None:

@@ -227,12 +227,13 @@ def test_serialization_round_trip_and_refusal_with_literal_keys(lc_router: Route
 def test_identifying_and_ls_params_hold_no_secrets(lc_router: RouterMaker, sim: ProviderSimulator) -> None:
     llm = ResilientChatModel(model_list=[priced(sim, "primary", "p1")], model="primary", temperature=0.5,
                              max_tokens=20, stop=["x"])  # fmt: skip
-    assert SECRET not in json.dumps(llm._identifying_params) + repr(llm)
+    described = llm.asdict()  # LangChain's public view: _identifying_params plus _type (_llm_type)
+    assert SECRET not in json.dumps(described) + repr(llm)
     ls = llm._get_ls_params()
     assert ls["ls_provider"] == "litellm" and ls["ls_model_name"] == "primary"
     assert ls["ls_temperature"] == 0.5 and ls["ls_max_tokens"] == 20 and ls["ls_stop"] == ["x"]
     assert llm._get_ls_params(model="backup")["ls_model_name"] == "backup"
-    assert llm._llm_type == "llm-resilience-chat"
+    assert described["_type"] == "llm-resilience-chat"
     assert llm.get_num_tokens_from_messages([HumanMessage("hello there friend")]) > 0
     llm.close()
 
