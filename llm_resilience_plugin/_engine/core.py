@@ -222,11 +222,19 @@ def split_options(kwargs: Mapping[str, Any]) -> tuple[CallOptions, dict[str, Any
     return opts, clean
 
 
-def streams_recovered(opts: CallOptions, pol: EffectivePolicy) -> bool:
-    """Is a stream that breaks after content recovered - by the router (the call's
-    ``recover_streams``, else the policy's switches) or by its caller (the chat model's
-    ``invoke``, which asks again)? Only then may its idle limit be learned below the default."""
-    return opts.recovered_by_caller or router_recovers_streams(opts, pol)
+def streams_recovered(call: CallState, asked: EffectivePolicy) -> bool:
+    """Would ``call``'s stream be recovered if it broke after content now - by the router (the
+    call's ``recover_streams``, else ``asked``, the requested group's policy, while its restart
+    cap is not reached) or by its caller (``recovered_by_caller``)? Only then may its idle limit
+    be learned below the default: otherwise a cut would end the caller's answer."""
+    return call.opts.recovered_by_caller or router_resumes(call, asked)
+
+
+def router_resumes(call: CallState, asked: EffectivePolicy) -> bool:
+    """Does the router resume ``call``'s stream if it breaks after content now: recovery on
+    (:func:`router_recovers_streams`) and ``asked``'s ``max_stream_restarts`` not reached?"""
+    under_cap = call.report.stream_restarts < asked.max_stream_restarts
+    return under_cap and router_recovers_streams(call.opts, asked)
 
 
 def router_recovers_streams(opts: CallOptions, pol: EffectivePolicy) -> bool:

@@ -292,6 +292,8 @@ def finish(
         assert engine.dispatcher is not None
         if result is not None:
             engine.dispatcher.annotate(r, result, usage)
+    if call.tentative:
+        return  # a broken stream's recovery: it publishes the report once it has counted itself
     if (not call.stream or failure is not None) and (call.listener is not None or engine.events.active):
         engine.emit(call, r)
 

@@ -329,7 +329,7 @@ class Engine:
             return pol.stream_idle_timeout
         if not self.can_go_elsewhere(call, group):
             return attempt
-        if not streams_recovered(call.opts, pol):  # a cut would end the answer: nothing learned
+        if not streams_recovered(call, self.policies[call.report.requested_group]):
             return min(pol.stream_idle_timeout, attempt)
         return self.timings[group].idle(pol.stream_idle_timeout, attempt)
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from llm_resilience_plugin._engine import prefill as prefill_state
-from llm_resilience_plugin._engine.core import router_recovers_streams
+from llm_resilience_plugin._engine.core import router_resumes
 from llm_resilience_plugin._engine.drivers import walk_routes
 from llm_resilience_plugin.errors import Failure
 from llm_resilience_plugin.events import StreamRestart
@@ -47,8 +47,7 @@ class Recovered:
 def may_recover(engine: Engine, call: CallState) -> bool:
     """Is a break after content recovered for this call: recovery on (the call's
     ``recover_streams``, else the policy's switches) and the policy's restart cap not reached?"""
-    pol = engine.policies[call.report.requested_group]
-    return router_recovers_streams(call.opts, pol) and call.report.stream_restarts < pol.max_stream_restarts
+    return router_resumes(call, engine.policies[call.report.requested_group])
 
 
 def may_prefill(
@@ -127,10 +126,12 @@ async def recover(
         give_up(engine, call, failure)
         return None
     call.report.stream_restarts += 1
-    if whole:
+    if whole:  # the call ends here: the marker, then the report that counts it
         marker = StreamRestart(
             call.call_id, broken.group, shown, failure.error_class, ANSWER, response=result
         )
+        engine.emit(call, marker)
+        engine.emit(call, call.report)
         return Recovered(marker, result)
     return Recovered(StreamRestart(call.call_id, broken.group, shown, failure.error_class), result)
 

@@ -24,9 +24,10 @@ _HANDOFF: ContextVar[Any] = ContextVar("llm_resilience_answer", default=None)
 
 class AnsweredAgain(StreamInterruptedError):
     """The stream an ``invoke`` aggregates broke after content and the call was answered again
-    whole (``response``); ``invoke`` catches it and makes that answer the run's result."""
+    whole (``response``); ``invoke`` catches it and makes that answer the run's result.
+    ``request`` says which request it answers (group, messages, parameters)."""
 
-    def __init__(self, marker: StreamRestart, report: CallReport | None) -> None:
+    def __init__(self, marker: StreamRestart, report: CallReport | None, request: tuple[Any, ...]) -> None:
         super().__init__(
             "the stream broke after content; the call was answered again without streaming",
             marker.discarded_text,
@@ -34,25 +35,26 @@ class AnsweredAgain(StreamInterruptedError):
             report,
         )
         self.response = marker.response
+        self.request = request
 
 
 @contextlib.contextmanager
 def handed_over(exc: AnsweredAgain, router: object) -> Iterator[None]:
-    """While this runs, the next non-stream request to ``router`` for the group ``exc``'s call
-    asked for returns ``exc``'s answer instead of calling the router (see :func:`take_answer`);
-    any other model called meanwhile (from a callback, say) is not affected."""
-    group = exc.report.requested_group if exc.report is not None else None
-    token = _HANDOFF.set((router, group, exc.response))
+    """While this runs, the next non-stream request to ``router`` that is the same request as
+    ``exc``'s (group, messages, parameters) returns ``exc``'s answer instead of calling the
+    router (see :func:`take_answer`); any other request made meanwhile (by a model called from a
+    callback, say) is sent as usual."""
+    token = _HANDOFF.set((router, exc.request, exc.response))
     try:
         yield
     finally:
         _HANDOFF.reset(token)
 
 
-def take_answer(router: object, group: str) -> Any:
-    """The answer handed over for this request to ``router``'s ``group`` (once), or None."""
+def take_answer(router: object, request: tuple[Any, ...]) -> Any:
+    """The answer handed over for this ``request`` to ``router`` (once), or None."""
     handed = _HANDOFF.get()
-    if handed is None or handed[0] is not router or handed[1] != group:
+    if handed is None or handed[0] is not router or handed[1] != request:
         return None
     _HANDOFF.set(None)
     return handed[2]

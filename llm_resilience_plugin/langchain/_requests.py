@@ -178,7 +178,7 @@ def response_metadata(
     return md
 
 
-def _after_marker(asm: StreamAssembler, item: Any, stream: Any) -> StreamAssembler:
+def _after_marker(asm: StreamAssembler, item: Any, stream: Any, request: ChatRequest) -> StreamAssembler:
     """Chunks already handed to LangChain cannot be taken back: a restart marker after content
     ends the stream as interrupted (its text would be spliced onto the new answer); before any
     content it starts a fresh assembly; a continuation keeps what was sent. An ``"answer"``
@@ -187,7 +187,7 @@ def _after_marker(asm: StreamAssembler, item: Any, stream: Any) -> StreamAssembl
     if not isinstance(item, StreamRestart) or item.mode in ("continue", "resume"):
         return asm
     if item.mode == "answer":
-        raise AnsweredAgain(item, getattr(stream, "report", None))
+        raise AnsweredAgain(item, getattr(stream, "report", None), request.identity())
     if item.discarded_text:
         raise StreamInterruptedError(
             "the stream restarted on another route after content was sent; the chat model cannot"
@@ -223,16 +223,25 @@ class ChatRequest:
             return params
         options = {**(params.get("stream_options") or {}), "include_usage": True}
         if AGGREGATING.get():  # a break after content: the call is answered again whole
-            recovery = {"recover_streams": params.get("recover_streams", "answer")}
-            return {**params, **recovery, "stream_options": options, "recovered_by_caller": True}
+            # True (the caller wants recovery) means the way an aggregated stream can take it.
+            recover = params.get("recover_streams", "answer")
+            return {
+                **params,
+                "recover_streams": "answer" if recover is True else recover,
+                "stream_options": options,
+            }
         return {**params, "stream_options": options}
+
+    def identity(self) -> tuple[Any, ...]:
+        """What makes two requests the same: the group, the messages and the parameters."""
+        return (self.group, self.messages, self.params)
 
     def send(self, *, stream: bool) -> Any:
         """Call the router from a sync run: a response, or a :class:`SyncResilientStream`."""
         # The router runs its async attempt loop on a private thread shared by every sync call:
         # no sync callback runs there. Events are buffered and delivered on this thread (or, with
         # on_retry, on a worker thread while the retry waits; see _bridge).
-        answer = None if stream else take_answer(self.router, self.group)
+        answer = None if stream else take_answer(self.router, self.identity())
         if answer is not None:  # the rest of a broken stream's call, already answered
             return answer
         try:
@@ -247,7 +256,7 @@ class ChatRequest:
 
     async def asend(self, *, stream: bool) -> Any:
         """Call the router from an async run: a response, or a :class:`ResilientStream`."""
-        answer = None if stream else take_answer(self.router, self.group)
+        answer = None if stream else take_answer(self.router, self.identity())
         if answer is not None:
             return answer
         try:
@@ -344,7 +353,7 @@ class _Relayed:
 
     def feed(self, item: Any) -> ChatGenerationChunk | None:
         """The LangChain chunk for one router item, if it makes one."""
-        self.asm = _after_marker(self.asm, item, self.stream)
+        self.asm = _after_marker(self.asm, item, self.stream, self.request)
         if isinstance(item, StreamRestart):
             return None
         return self.asm.feed(item)

@@ -218,8 +218,7 @@ class ResilientStream:
         (holding the whole answer) is the last item."""
         marker = recovered.marker
         live = self._live
-        if marker.mode == "answer":
-            live.publish(marker)
+        if marker.mode == "answer":  # published by the engine with the call's report
             yield marker
             return
         nxt = self._successor(recovered.result, marker.discarded_text if marker.mode == "continue" else "")

@@ -26,10 +26,17 @@ async def _drain(stream: Any) -> tuple[list[Any], list[StreamRestart]]:
 
 async def test_a_cut_stream_is_answered_whole_in_the_same_call(make_router: RouterFactory, sim) -> None:
     seen: list[Any] = []
+    published: list[tuple[str, int, Any]] = []
+
+    def listen(event: Any) -> None:
+        seen.append(event)
+        if isinstance(event, CallReport):  # what the report says at the moment it is published
+            published.append(("CallReport", event.stream_restarts, event.outcome))
+
     router = make_router({"primary": ["a"], "backup": ["b"]}, fallbacks=[{"primary": ["backup"]}])
     sim.script("a", Fault.stream_cut(after_chunks=3))
     stream = await router.acompletion(
-        model="primary", messages=LONG, stream=True, recover_streams="answer", listener=seen.append
+        model="primary", messages=LONG, stream=True, recover_streams="answer", listener=listen
     )
     chunks, markers = await _drain(stream)
     assert chunks  # the broken stream's content reached the caller before it broke
@@ -42,6 +49,12 @@ async def test_a_cut_stream_is_answered_whole_in_the_same_call(make_router: Rout
     assert report is stream.report and report.outcome == "success" and report.stream_restarts == 1
     assert [(a.deployment_id, a.outcome) for a in report.attempts] == [("a", "failure"), ("b", "success")]
     assert [e for e in seen if isinstance(e, CallReport)] == [report]
+    # Published once, after the marker, already counting the restart (exporters read it then).
+    assert [type(e).__name__ for e in seen if isinstance(e, CallReport | StreamRestart)] == [
+        "StreamRestart",
+        "CallReport",
+    ]
+    assert published[-1] == ("CallReport", 1, "success")
     assert [r.stream for r in sim.requests()] == [True, False]  # the answer was not streamed
     assert sim.count("a") == 1  # never back to the deployment that just broke
 

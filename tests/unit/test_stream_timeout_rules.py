@@ -104,6 +104,20 @@ def test_the_idle_timeout_is_learned_only_for_a_stream_whose_break_is_recovered(
         split_options({"recovered_by_caller": "yes"})
 
 
+def test_no_learned_idle_limit_once_the_restart_cap_leaves_nothing_to_recover() -> None:
+    """Recovery asked for (``recover_streams="answer"``, as the chat model's invoke does) but the
+    policy's cap reached - or zero: a cut would end the answer, so the static default stays."""
+    engine = _engine()
+    _learn(engine, "primary", 0.001)
+    answer = _call(engine, "primary", recover_streams="answer")
+    assert engine.idle_timeout(answer, "primary") == FLOOR
+    answer.report.stream_restarts = engine.policies["primary"].max_stream_restarts
+    assert engine.idle_timeout(answer, "primary") == 10.0
+    capped = _engine(max_stream_restarts=0)
+    _learn(capped, "primary", 0.001)
+    assert capped.idle_timeout(_call(capped, "primary", recover_streams="answer"), "primary") == 10.0
+
+
 def test_a_configured_idle_timeout_is_used_as_it_is() -> None:
     engine = _engine(stream_idle_timeout=4)
     assert not engine.policies["primary"].learn_idle_timeouts

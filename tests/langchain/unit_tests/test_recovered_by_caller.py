@@ -1,6 +1,8 @@
-"""invoke/ainvoke recover a stream broken after content themselves (they ask again), so the stream
-they open tells the router so (``recovered_by_caller``): its idle limit may then be learned. A
-caller's own ``stream``/``astream`` does not."""
+"""A stream invoke/ainvoke open is one LangChain aggregates: it asks the engine to recover a break
+after content by answering again whole (``recover_streams="answer"``), inside the same call. It no
+longer claims to recover the stream itself (``recovered_by_caller``): only a recovery that will
+happen may let the stream's idle limit be learned. A caller's own ``stream``/``astream`` asks for
+nothing."""
 
 from __future__ import annotations
 
@@ -9,20 +11,28 @@ from typing import Any
 from llm_resilience_plugin.langchain._requests import ChatRequest, run_config
 
 
-def _request() -> ChatRequest:
+def _request(**params: Any) -> ChatRequest:
     none: Any = None  # the router and the sink are not used by params_for
-    return ChatRequest(none, "m", "primary", [], {"temperature": 0}, None, none)
+    return ChatRequest(none, "m", "primary", [], {"temperature": 0, **params}, None, none)
 
 
-def test_a_stream_opened_by_invoke_says_the_caller_recovers_it() -> None:
+def test_a_stream_opened_by_invoke_asks_the_engine_to_answer_again() -> None:
     req = _request()
     with run_config(None, aggregating=True):
-        assert req.params_for(stream=True)["recovered_by_caller"] is True
-        assert "recovered_by_caller" not in req.params_for(stream=False)  # nothing to recover
+        sent = req.params_for(stream=True)
+        assert sent["recover_streams"] == "answer"
+        assert "recovered_by_caller" not in sent  # the engine recovers it, within its cap
+        assert "recover_streams" not in req.params_for(stream=False)  # nothing to recover
+
+
+def test_the_callers_own_choice_is_kept_in_the_form_an_aggregated_stream_takes() -> None:
+    with run_config(None, aggregating=True):
+        assert _request(recover_streams=False).params_for(stream=True)["recover_streams"] is False
+        assert _request(recover_streams=True).params_for(stream=True)["recover_streams"] == "answer"
 
 
 def test_a_callers_own_stream_does_not() -> None:
     req = _request()
     with run_config(None):
-        assert "recovered_by_caller" not in req.params_for(stream=True)
-    assert "recovered_by_caller" not in req.params_for(stream=True)  # outside any run
+        assert "recover_streams" not in req.params_for(stream=True)
+    assert "recover_streams" not in req.params_for(stream=True)  # outside any run
