@@ -33,9 +33,13 @@ from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import BaseMessage, convert_to_openai_messages
 from langchain_core.outputs import LLMResult
 
+from llm_resilience_plugin._engine.engine import served_deployment
 from llm_resilience_plugin._engine.taxonomy import classify
 from llm_resilience_plugin.cost._guard import CostGuard, Ticket
+from llm_resilience_plugin.cost._prices import settled_cost
 from llm_resilience_plugin.errors import ConfigError
+from llm_resilience_plugin.events import hidden_params_of, usage_of
+from llm_resilience_plugin.langchain._recovery import AnsweredAgain, handed_answer
 from llm_resilience_plugin.observability._logs import iso_ts, redact, safe_metadata
 
 # Invocation-param / metadata keys that name the model, most specific first.
@@ -287,6 +291,10 @@ class CostGuardCallbackHandler(_RunTracking):
         self._tickets: dict[UUID, Ticket] = {}
         self._streamed: set[UUID] = set()
         self._lock = threading.Lock()
+        # invoke's stream broke after content and the call was answered again (see _recovery):
+        # the reservation goes on with the answer to the run that carries it.
+        self._carried: list[tuple[Any, Ticket]] = []
+        self._answering: dict[UUID, Any] = {}
 
     def _llm_start(self, start: _LLMStart) -> None:
         """Reserve the run's worst case before the model sends anything (raising stops it)."""
@@ -295,6 +303,8 @@ class CostGuardCallbackHandler(_RunTracking):
         if start.messages is not None:
             messages = [convert_to_openai_messages(m) for m in start.messages]
         self._tree.start(run_id, start.parent_run_id)
+        if self._adopt(run_id):
+            return
         model = model_name_of(start.serialized, inv, md)
         if model is None:
             raise ConfigError(
@@ -350,6 +360,51 @@ class CostGuardCallbackHandler(_RunTracking):
         with self._lock:
             self._tickets[run_id] = ticket
 
+    def _adopt(self, run_id: UUID) -> bool:
+        """A run that carries an answer already paid for (``invoke`` hands a broken stream's
+        answer to a new run, which sends nothing) takes over that call's reservation instead
+        of reserving again: a refusal now would throw away spend that happened."""
+        answer = handed_answer()
+        if answer is None:
+            return False
+        with self._lock:
+            for i, (resp, ticket) in enumerate(self._carried):
+                if resp is answer:
+                    del self._carried[i]
+                    self._tickets[run_id] = ticket
+                    self._answering[run_id] = resp
+                    return True
+        return False
+
+    def _settle_answered(self, ticket: Ticket, answer: Any) -> None:
+        """Settle a call whose stream broke after content and that was answered again: the
+        broken stream at the estimate (its usage is unknown, as for any broken stream) plus
+        the answer at its reported cost, else its usage at the serving deployment's price."""
+        usage = usage_of(answer) or {}
+        hidden = hidden_params_of(answer) or {}
+        dep = served_deployment(answer)
+        reported = hidden.get("response_cost")
+        reported = (
+            float(reported) if isinstance(reported, int | float) and not isinstance(reported, bool) else None
+        )
+        price = ticket.prices.get(dep or "") or ticket.fallback_price
+        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        answered, _ = settled_cost(
+            price,
+            reported=reported,
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            estimate=ticket.estimate,
+        )
+        self.guard.settle(
+            ticket,
+            cost=answered + ticket.estimate,
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            deployment_id=dep,
+            model=getattr(answer, "model", None),
+        )
+
     def on_llm_new_token(
         self, token: str | list[str | dict[str, Any]], *, run_id: UUID, **kwargs: Any
     ) -> None:
@@ -369,6 +424,10 @@ class CostGuardCallbackHandler(_RunTracking):
         ticket, _ = self._pop(run_id)
         if ticket is None:
             return
+        answer = self._answering.pop(run_id, None)
+        if answer is not None:
+            self._settle_answered(ticket, answer)
+            return
         s = usage_of_result(response)
         self.guard.settle(
             ticket,
@@ -386,7 +445,13 @@ class CostGuardCallbackHandler(_RunTracking):
         ticket, streamed = self._pop(run_id)
         if ticket is None:
             return
-        if streamed:
+        answer = self._answering.pop(run_id, None)
+        if answer is not None:  # the answer was paid for, whatever failed after it
+            self._settle_answered(ticket, answer)
+        elif isinstance(error, AnsweredAgain) and error.response is not None:
+            with self._lock:  # settled when the run that carries the answer ends
+                self._carried.append((error.response, ticket))
+        elif streamed:
             self.guard.settle(ticket)
         else:
             self.guard.release(ticket)

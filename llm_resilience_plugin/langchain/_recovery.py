@@ -58,3 +58,10 @@ def take_answer(router: object, request: tuple[Any, ...]) -> Any:
         return None
     _HANDOFF.set(None)
     return handed[2]
+
+
+def handed_answer() -> Any:
+    """The answer being handed over right now (without taking it), or None: a cost handler
+    reads it to carry the broken call's reservation to the run that delivers the answer."""
+    handed = _HANDOFF.get()
+    return None if handed is None else handed[2]

@@ -3,6 +3,8 @@ message to the caller) recover a stream broken after content by asking again wit
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from langchain_core.messages import HumanMessage
 
@@ -90,3 +92,43 @@ async def test_recovery_lives_inside_the_calls_deadline(make_router: RouterFacto
     with pytest.raises(StreamInterruptedError):
         await llm.ainvoke(ASK, deadline=0.6, stream_idle_timeout=0.5)
     assert sim.count("b") == 0  # no time left for the answer: nothing more was sent
+
+
+@pytest.mark.parametrize("sync", [True, False])
+async def test_a_cost_handler_carries_the_reservation_to_the_answer(sim, sync: bool) -> None:
+    """The answer of a broken stream's call is already paid for when LangChain's second run
+    starts: the handler does not reserve again (a refusal would throw the answer away and drop its
+    spend); it settles the broken stream (at its estimate) and the answer once, at the end."""
+    from llm_resilience_plugin import Budget, CostGuard, ResilientRouter
+    from llm_resilience_plugin.langchain import CostGuardCallbackHandler
+    from tests.conftest import FAST_POLICY, deployment
+
+    def priced(group: str, dep: str) -> dict[str, object]:
+        return deployment(sim, group, dep, input_cost_per_token=2e-6, output_cost_per_token=8e-6)
+
+    router = ResilientRouter(
+        [priced("primary", "a"), priced("backup", "b")],
+        fallbacks=[{"primary": ["backup"]}],
+        policy=FAST_POLICY,
+    )
+    llm = ResilientChatModel(router=router, model="primary", streaming=True, max_tokens=50)
+    probe = CostGuard(budgets=[Budget.daily(100.0)], ledger="memory", router=router)
+    estimate = probe.reserve(
+        probe.candidates_for_model("primary"),
+        messages=[{"role": "user", "content": str(ASK[0].content)}],
+        max_tokens=50,
+    ).estimate
+    guard = CostGuard(
+        budgets=[Budget.daily(estimate * 1.5)], ledger="memory", router=router
+    )  # one reservation fits
+    handler = CostGuardCallbackHandler(guard)
+    sim.script("a", Fault.stream_cut(after_chunks=3))
+    config: Any = {"callbacks": [handler]}
+    msg = llm.invoke(ASK, config=config) if sync else await llm.ainvoke(ASK, config=config)
+    assert isinstance(msg.content, str) and msg.content.startswith("Hello from b")
+    answer_cost = msg.response_metadata["response_cost"]
+    report = guard.report()
+    assert report.total == pytest.approx(estimate + answer_cost)  # nothing of what was paid dropped
+    assert handler.pending == 0
+    assert [(r.deployment, r.stream) for r in sim.requests()] == [("a", True), ("b", False)]
+    router.close()
