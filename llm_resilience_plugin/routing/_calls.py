@@ -23,6 +23,7 @@ from llm_resilience_plugin._engine.core import (
     NO_OPTIONS,
     OPTION_KEYS,
     BeforeRetry,
+    CallOptions,
     CallState,
     positive_seconds,
     split_options,
@@ -32,7 +33,13 @@ from llm_resilience_plugin._engine.drivers import SyncRunner, walk_routes
 from llm_resilience_plugin._engine.engine import Engine
 from llm_resilience_plugin._engine.idempotency import IdempotencyStore, SingleFlight, fingerprint
 from llm_resilience_plugin._redaction import safe_metadata
-from llm_resilience_plugin.errors import ConfigError, LoadShedError, UnknownModelGroupError
+from llm_resilience_plugin.errors import (
+    ConfigError,
+    DeadlineExceededError,
+    ErrorClass,
+    LoadShedError,
+    UnknownModelGroupError,
+)
 from llm_resilience_plugin.events import (
     CallReport,
     CallStarted,
@@ -77,6 +84,26 @@ class CallRunner:
         """Run ``coro`` on the router's private loop and wait for its result (blocking twins)."""
         return self.sync.run(coro)
 
+    def budget(self, model: str, deadline: float | None, kwargs: Mapping[str, Any]) -> float:
+        """The seconds a call to ``model`` with these arguments may take, by the rule every call
+        follows (:func:`call_budget`): for work made of several calls under one deadline."""
+        deadline = positive_seconds("deadline", deadline)
+        opts, _ = split_options(kwargs) if kwargs else (NO_OPTIONS, {})
+        tier = None
+        if opts.priority is not None or self.policy.default_tier is not None:
+            tier = _tier_of(self.policy, opts.priority)[1]
+        return self._budget(model, deadline, tier, opts)
+
+    def _budget(
+        self, model: str, deadline: float | None, tier: TierPolicy | None, opts: CallOptions
+    ) -> float:
+        return call_budget(
+            deadline,
+            tier.deadline if tier is not None else None,
+            self.engine.policies[model].deadline,
+            cap=opts.deadline_cap,
+        )
+
     def open_call(
         self,
         model: str,
@@ -118,12 +145,7 @@ class CallRunner:
         else:  # hashed only if read (a list is copied: appending to it later changes nothing)
             snapshot = list(messages) if isinstance(messages, list) else messages
             report.key_from(fingerprint, (keyed, snapshot, clean))
-        budget_s = call_budget(
-            deadline,
-            tier.deadline if tier is not None else None,
-            self.engine.policies[model].deadline,
-            cap=opts.deadline_cap,
-        )
+        budget_s = self._budget(model, deadline, tier, opts)
         ctx = CallState(
             call_id=call_id,
             report=report,
@@ -155,6 +177,23 @@ class CallRunner:
             if fraction is not None and fraction < tier.shed_below:
                 raise LoadShedError(name, type(guard).__name__, fraction, tier.shed_below)
 
+    async def _follow(self, ctx: CallState, leader: asyncio.Future[Any]) -> Any:
+        """Wait for the identical call in flight (same idempotency key), within this call's own
+        deadline; its stored entry, or None when it failed (this call then goes itself)."""
+        try:
+            return await asyncio.wait_for(asyncio.shield(leader), timeout=ctx.deadline.remaining())
+        except TimeoutError:
+            r = ctx.report
+            r.outcome, r.error_class = "failure", ErrorClass.TIMEOUT
+            r.total_latency_s = self.engine.clock.wall() - r.started_at
+            self.engine.emit(ctx, r)
+            raise DeadlineExceededError(
+                f"deadline exceeded while an identical call (idempotency key {r.idempotency_key!r}) "
+                "was still in flight",
+                r.attempts,
+                r,
+            ) from None
+
     async def complete(self, ctx: CallState, group: str, messages: Any, kwargs: dict[str, Any]) -> Any:
         """A non-stream call, with the idempotency store and single-flight when configured."""
         store = self.store
@@ -167,7 +206,7 @@ class CallRunner:
             return self._replay(ctx, stored)
         leader = self._single_flight.join(key)
         if leader is not None:
-            shared = await asyncio.shield(leader)
+            shared = await self._follow(ctx, leader)
             if shared is not None:
                 return self._replay(ctx, shared)
         fut = self._single_flight.lead(key)

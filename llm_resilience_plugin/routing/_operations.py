@@ -197,6 +197,8 @@ class EndpointsMixin:
         policy's ``embedding_batch_concurrency``) in flight, under one deadline; the joined
         response carries a report of all of them (any batch failing fails the whole)."""
         starts = range(0, len(inputs), limit)
+        whole = self.calls.budget(model, deadline, kwargs)  # one deadline (and cap) for all batches
+        each = {k: v for k, v in kwargs.items() if k != "deadline_cap"}
 
         def start(i: int, left: float | None) -> Any:
             return self._operation(
@@ -207,11 +209,11 @@ class EndpointsMixin:
                 left,
                 listener,
                 before_retry,
-                kwargs,
+                each,
             )
 
         bound = self._batch_concurrency(model, concurrency)
-        parts = await run_batches(len(starts), bound, start, self.calls.engine.clock, deadline)
+        parts = await run_batches(len(starts), bound, start, self.calls.engine.clock, whole)
         return _join_embeddings(parts)
 
     # -- the other operations ---------------------------------------------------------------------

@@ -179,3 +179,34 @@ async def test_a_cancelled_caller_cancels_its_batches(build, sim):
         await task
     await asyncio.sleep(0.4)
     assert sim.count("a") == 2  # the two in flight; the other batches never started
+
+
+@pytest.mark.parametrize("options", [{}, {"deadline": 1.0}, {"deadline_cap": 1.0}])
+def test_all_batches_share_one_deadline(sim: ProviderSimulator, options: dict[str, Any]) -> None:
+    """The policy's deadline, a per-call one or a cap: one budget for the whole split call, not
+    a fresh one per batch (four batches of 0.6 s cannot fit in 1 s)."""
+    from llm_resilience_plugin import DeadlineExceededError
+    from llm_resilience_plugin.testing import Clock
+
+    model_list = [
+        {
+            "model_name": "g",
+            "litellm_params": {"model": MODEL, "api_base": sim.api_base("a"), "api_key": "sk-sim"},
+            "model_info": {"id": "a", "mode": "embedding", "max_embedding_batch_size": 2},
+        }
+    ]
+    policy = {
+        "deadline": 1.0 if not options else 30,
+        "attempt_timeout": 0.9,
+        "embedding_batch_concurrency": 1,
+    }
+    router = ResilientRouter(model_list, policy=policy, clock=Clock())
+    sim.set_default("a", Fault.ok(latency=0.6))
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(DeadlineExceededError):
+            router.embedding("g", TEXTS, **options)
+        assert time.monotonic() - t0 < 1.5
+        assert sim.count("a") == 2  # the second batch ran out of the shared time; no third was sent
+    finally:
+        router.close()

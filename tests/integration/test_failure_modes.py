@@ -426,3 +426,20 @@ async def test_rejected_prefill_never_hides_the_original_failure(sim):
     assert info.value.partial_text.startswith("Hello from a.")
     assert sim.count("b") == 2 and sim.count("c") >= 1  # the prefill, then b from scratch last
     router.close()
+
+
+async def test_a_call_waiting_on_an_identical_one_keeps_its_own_deadline(make_router: RouterFactory, sim):
+    """Single-flight: the follower waits for the leader's answer only as long as its own deadline."""
+    from llm_resilience_plugin import DeadlineExceededError
+
+    router = make_router({"primary": ["a"]}, idempotency_store="memory", clock=Clock())
+    sim.set_default("a", Fault.ok(latency=1.5))
+    leader = asyncio.create_task(router.acompletion(model="primary", messages=MSG, idempotency_key="k1"))
+    await asyncio.sleep(0.1)
+    t0 = time.monotonic()
+    with pytest.raises(DeadlineExceededError) as info:
+        await router.acompletion(model="primary", messages=MSG, idempotency_key="k1", deadline=0.3)
+    assert time.monotonic() - t0 < 1.0
+    assert info.value.report.outcome == "failure"
+    assert (await leader).choices[0].message.content  # the leader is not disturbed
+    assert sim.count("a") == 1
