@@ -37,7 +37,7 @@ from llm_resilience_plugin.langchain._construction import (
 )
 from llm_resilience_plugin.langchain._convert import json_safe, to_openai_messages
 from llm_resilience_plugin.langchain._lifecycle import ClosesRouter
-from llm_resilience_plugin.langchain._recovery import AnsweredAgain, handed_over
+from llm_resilience_plugin.langchain._recovery import AnsweredAgain, handed_over, new_run
 from llm_resilience_plugin.langchain._requests import ChatRequest, cache_key, prepare_request, run_config
 from llm_resilience_plugin.langchain._tools import (
     StructuredOutputMethod,
@@ -361,7 +361,7 @@ class ResilientChatModel(ClosesRouter, BaseChatModel):
                 return super().invoke(input, config, **kwargs)
             except AnsweredAgain as again:
                 with handed_over(again, self.get_router()):
-                    return super().invoke(input, config, **{**kwargs, "stream": False})
+                    return super().invoke(input, new_run(config), **{**kwargs, "stream": False})
 
     async def ainvoke(self, input: LanguageModelInput, config: Any = None, **kwargs: Any) -> AIMessage:
         """``BaseChatModel.ainvoke``; a broken internal stream is recovered as in :meth:`invoke`."""
@@ -370,7 +370,7 @@ class ResilientChatModel(ClosesRouter, BaseChatModel):
                 return await super().ainvoke(input, config, **kwargs)
             except AnsweredAgain as again:
                 with handed_over(again, self.get_router()):
-                    return await super().ainvoke(input, config, **{**kwargs, "stream": False})
+                    return await super().ainvoke(input, new_run(config), **{**kwargs, "stream": False})
 
     def stream(self, input: LanguageModelInput, config: Any = None, **kwargs: Any) -> Iterator[Any]:
         """``BaseChatModel.stream``, with ``config`` visible to the request (its deadline)."""

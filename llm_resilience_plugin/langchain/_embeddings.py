@@ -13,6 +13,7 @@ from langchain_core.embeddings import Embeddings
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from llm_resilience_plugin.errors import ConfigError
+from llm_resilience_plugin.langchain._bridge import config_deadline
 from llm_resilience_plugin.langchain._construction import RouterLease, build_router_spec, lease_router
 from llm_resilience_plugin.langchain._lifecycle import ClosesRouter
 from llm_resilience_plugin.policy import RouterSpec
@@ -118,6 +119,9 @@ class ResilientEmbeddings(ClosesRouter, BaseModel, Embeddings):
             kwargs["dimensions"] = self.dimensions
         if self.deadline is not None:
             kwargs["deadline"] = self.deadline
+        cap = config_deadline()  # inside a LangChain run (a retriever in a chain): what it has left
+        if cap is not None:
+            kwargs["deadline_cap"] = cap
         if self.batch_concurrency is not None:
             kwargs["batch_concurrency"] = self.batch_concurrency
         kwargs["vectors_compatible"] = self.vectors_compatible

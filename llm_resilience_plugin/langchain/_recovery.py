@@ -12,7 +12,7 @@ LangChain's streamed run, and ``invoke`` hands the answer to a new run through :
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 from typing import Any
 
@@ -65,3 +65,11 @@ def handed_answer() -> Any:
     reads it to carry the broken call's reservation to the run that delivers the answer."""
     handed = _HANDOFF.get()
     return None if handed is None else handed[2]
+
+
+def new_run(config: Any) -> Any:
+    """``config`` for the run that delivers the answer: the same, but never the caller's
+    ``run_id`` (it named the streamed run, which has ended; a tracer must not see it twice)."""
+    if isinstance(config, Mapping) and "run_id" in config:
+        return {k: v for k, v in config.items() if k != "run_id"}
+    return config

@@ -81,3 +81,33 @@ async def test_the_shorter_of_the_calls_deadline_and_the_runs_applies(
     with pytest.raises(DeadlineExceededError):
         await llm.ainvoke("hello", config=config, **call_kwargs)
     assert time.monotonic() - t0 < 2.5
+
+
+def test_embeddings_inside_a_run_keep_to_the_runs_deadline(sim) -> None:
+    """A retriever's embed_query inside a chain with a deadline is bounded by what the run has left."""
+    from llm_resilience_plugin import ResilientRouter
+    from llm_resilience_plugin.langchain import ResilientEmbeddings
+
+    model_list = [
+        {
+            "model_name": "g",
+            "litellm_params": {
+                "model": "openai/text-embedding-3-small",
+                "api_base": sim.api_base("e"),
+                "api_key": "sk-sim",
+            },
+            "model_info": {"id": "e", "mode": "embedding"},
+        }
+    ]
+    router = ResilientRouter(model_list, policy={"deadline": 10, "attempt_timeout": 8})
+    emb = ResilientEmbeddings(router=router, model="g")
+    sim.set_default("e", Fault.ok(latency=1.5))
+    step = RunnableLambda(lambda x: len(emb.embed_query(x)))
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(DeadlineExceededError):
+            step.invoke("hello", config={"configurable": {"deadline": 0.5}})
+        assert time.monotonic() - t0 < 1.2
+        assert len(emb.embed_query("hello")) > 0  # outside a run: the policy's deadline
+    finally:
+        router.close()

@@ -42,3 +42,15 @@ def test_a_stream_opened_by_invoke_asks_for_the_answer_mode_unless_the_caller_ch
         assert req.params_for(stream=True)["recover_streams"] == "answer"
         own = ChatRequest(none, "m", "primary", [], {"recover_streams": False}, None, none)
         assert own.params_for(stream=True)["recover_streams"] is False
+
+
+def test_the_answering_run_never_reuses_the_callers_run_id() -> None:
+    from uuid import uuid4
+
+    from llm_resilience_plugin.langchain._recovery import new_run
+
+    rid = uuid4()
+    config = {"run_id": rid, "tags": ["t"], "metadata": {"tenant": "acme"}}
+    assert new_run(config) == {"tags": ["t"], "metadata": {"tenant": "acme"}}
+    assert config["run_id"] == rid  # the caller's own config is left alone
+    assert new_run(None) is None and new_run({"tags": []}) == {"tags": []}
