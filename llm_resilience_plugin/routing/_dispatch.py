@@ -7,6 +7,7 @@ the Router's own retries, fallbacks and cooldowns are off, so each ``send`` is e
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -175,7 +176,7 @@ class RouterDispatcher:
 
     def static_stream(self, response: Any, attempt_call: Any) -> StaticStream:
         """A configured static answer as a one-chunk stream."""
-        return StaticStream(response, attempt_call.report, self.engine, attempt_call)
+        return StaticStream(response, attempt_call.report, functools.partial(self.engine.emit, attempt_call))
 
     def annotate(self, report: CallReport, result: Any, usage: dict[str, int] | None) -> None:
         """The served model, cost and usage of an answer, and the report attached to it; a live

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import weakref
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from llm_resilience_plugin._engine.watchdog import AttemptWatchdog
@@ -32,9 +32,7 @@ from llm_resilience_plugin.routing._chunks import (
 )
 
 if TYPE_CHECKING:
-    from llm_resilience_plugin._engine.core import CallState
     from llm_resilience_plugin._engine.drivers import SyncRunner
-    from llm_resilience_plugin._engine.engine import Engine
     from llm_resilience_plugin._engine.live import LiveAttempt
     from llm_resilience_plugin._engine.stream_recovery import Recovered
     from llm_resilience_plugin.routing._sse_skip import EventSkipper
@@ -315,16 +313,16 @@ class ResilientStream:
 
 
 class StaticStream:
-    """A configured static answer delivered as a one-chunk stream (marked degraded)."""
+    """A configured static answer delivered as a one-chunk stream (marked degraded); ``publish``
+    hands the call's report to the engine once the chunk was read."""
 
-    def __init__(self, response: Any, report: CallReport, engine: Engine, ctx: CallState) -> None:
+    def __init__(self, response: Any, report: CallReport, publish: Callable[[CallReport], None]) -> None:
         import litellm
 
         text = response.choices[0].message.content
         choice: Any = {"index": 0, "delta": {"role": "assistant", "content": text}, "finish_reason": "stop"}
         self._chunk = litellm.ModelResponseStream(model=response.model, choices=[choice])
-        self._engine = engine
-        self._ctx = ctx
+        self._publish = publish
         self.report = report
         self.usage: dict[str, int] | None = None
         self.partial_text = text
@@ -335,7 +333,7 @@ class StaticStream:
     async def _iterate(self) -> AsyncIterator[Any]:
         yield self._chunk
         self.report.outcome = "success"
-        self._engine.emit(self._ctx, self.report)
+        self._publish(self.report)
 
     async def aclose(self) -> None:
         return None
