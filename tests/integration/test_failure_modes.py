@@ -12,7 +12,7 @@ import pytest
 from llm_resilience_plugin import ConfigError, ErrorClass, get_report
 from llm_resilience_plugin._engine.idempotency import fingerprint
 from llm_resilience_plugin.errors import LoadShedError
-from llm_resilience_plugin.events import HedgeSent, StreamRestart, hidden_params_of
+from llm_resilience_plugin.events import CallReport, HedgeSent, StreamRestart, hidden_params_of
 from llm_resilience_plugin.testing import Clock
 from llm_resilience_plugin.testing._simulator import Fault
 from tests.conftest import MSG, RouterFactory
@@ -305,9 +305,13 @@ async def test_static_answer_when_every_route_fails(make_router: RouterFactory, 
     rep = get_report(resp)
     assert rep is not None and rep.degraded == ["static answer: faq"] and rep.outcome == "success"
     assert hidden_params_of(resp)["degraded"] == "static_answer"
-    stream = await router.acompletion(model="primary", messages=MSG, scenario="faq", stream=True)
+    seen: list[object] = []
+    stream = await router.acompletion(
+        model="primary", messages=MSG, scenario="faq", stream=True, listener=seen.append
+    )
     chunks = [c async for c in stream]
     assert chunks[0].choices[0].delta.content.startswith("We are busy")
+    assert [e.outcome for e in seen if isinstance(e, CallReport)] == ["success"]  # published once read
     # Off by default: without a scenario the failure surfaces.
     from llm_resilience_plugin import AllRoutesFailedError
 
