@@ -106,5 +106,5 @@ def static_response(text: str, group: str, scenario: str, messages: list[dict[st
         ],
         usage={"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
     )
-    resp._hidden_params = {"degraded": "static_answer", "scenario": scenario, "model_group": group}
+    resp.hidden_params = {"degraded": "static_answer", "scenario": scenario, "model_group": group}
     return resp

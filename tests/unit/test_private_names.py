@@ -6,8 +6,9 @@ test_layout.py refuses ``from x import _name``; this test covers the other spell
 mixin reaching into its host (or a subclass into a base class in another module).
 
 The heuristic, per file: a private attribute may be read only if the same file defines that name
-- a ``def``/``class`` of that name, an assignment to ``x._name`` or to a plain ``_name`` (module or
-class level). What does not define it: a bare annotation (``_name: T``) and anything under ``if
+- a ``def``/``class`` of that name, an assignment to ``self._name``/``cls._name`` or to a plain
+``_name`` (module or class level); writing ``obj._name`` on another object is a use, not a
+definition. What does not define it: a bare annotation (``_name: T``) and anything under ``if
 TYPE_CHECKING:`` (a stub of another module's private is exactly the use this test refuses).
 It cannot tell two same-named attributes of different classes apart; it catches the common case,
 a name whose only definition is elsewhere. Dunder names are public by convention.
@@ -45,13 +46,13 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("routing/_direct_plan.py", "_shaping"): "litellm.Router's request shaping; no public accessor",
     ("routing/_sse_skip.py", "_iterator"): "openai.AsyncStream's generator: is the stream unread?",
     ("events.py", "_hidden_params"): "LiteLLM keeps cost and ids only there (read in hidden_params_of)",
+    ("routing/_sse_skip.py", "_decoder"): "openai.AsyncStream's SSE decoder: swapped for the skipper "
+    "before the first read; openai has no public hook for it",
 }
 
 # Outside the package (path from the repository root, name) -> why: names the package defines
 # too, but that belong to a third-party object here.
 OUTSIDE_ALLOWED: dict[tuple[str, str], str] = {
-    ("tests/unit/test_events.py", "_hidden_params"): "LiteLLM's attribute: the test of hidden_params_of "
-    "fills a real response's and checks it gets that very dict back",
     ("tests/langchain/integration_tests/test_chat_model.py", "_get_ls_params"): "LangChain's "
     "BaseChatModel hook for LangSmith params (ResilientChatModel overrides it); no public accessor",
     ("tests/langchain/integration_tests/test_surface.py", "_get_llm_string"): "LangChain's "
@@ -88,21 +89,27 @@ def _defined_names(tree: ast.Module) -> set[str]:
             names.add(node.name)
         elif id(node) in bare:
             continue  # `_x: T` declares a name; something else must define it
-        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store | ast.Del):
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store | ast.Del) and _on_self(node):
             names.add(node.attr)
         elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
             names.add(node.id)
     return names
 
 
+def _on_self(node: ast.Attribute) -> bool:
+    """``self._x`` / ``cls._x``: an attribute of the file's own class (what a store defines)."""
+    return isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")
+
+
 def private_uses(source: str) -> list[tuple[int, str]]:
-    """(line, name) of each private attribute ``source`` reads without defining it."""
+    """(line, name) of each private attribute ``source`` reads, or writes on another object,
+    without defining it (writing ``obj._x`` is no definition: it sets another object's private)."""
     tree = ast.parse(source)
     defined = _defined_names(tree)
     found: list[tuple[int, str]] = []
     for node in ast.walk(tree):
         name: str | None = None
-        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
+        if isinstance(node, ast.Attribute) and (isinstance(node.ctx, ast.Load) or not _on_self(node)):
             name = node.attr
         elif (
             isinstance(node, ast.Call)
