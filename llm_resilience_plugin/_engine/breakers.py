@@ -349,7 +349,14 @@ class DeploymentBreaker:
     def ticket(self, generation: int | None = None) -> Admission:
         """The plain (non-probe) ticket of ``generation`` (default: the current one): one
         immutable object per generation, shared by the attempts admitted under it."""
-        gen = self.generation if generation is None else generation
+        if generation is None:  # the ``generation`` property, inline (every attempt asks)
+            backend = self.backend
+            if backend.has_observed:
+                with self._lock:
+                    self._emit(backend.observed())
+            gen = backend.generation
+        else:
+            gen = generation
         t = self._ticket
         if t is None or t.generation != gen:
             t = Admission(self.deployment_id, gen, probe=False)
@@ -479,23 +486,15 @@ class DeploymentBreaker:
             )
 
 
-class BreakerRegistry:
-    """All breakers of one router, keyed by deployment id."""
-
-    def __init__(self) -> None:
-        self._breakers: dict[str, DeploymentBreaker] = {}
+class BreakerRegistry(dict[str, DeploymentBreaker]):
+    """All breakers of one router, keyed by deployment id (a dict, so the lookup every attempt
+    makes is no Python call); iterating it gives the breakers."""
 
     def add(self, breaker: DeploymentBreaker) -> None:
-        self._breakers[breaker.deployment_id] = breaker
-
-    def get(self, deployment_id: str) -> DeploymentBreaker | None:
-        return self._breakers.get(deployment_id)
-
-    def __getitem__(self, deployment_id: str) -> DeploymentBreaker:
-        return self._breakers[deployment_id]
+        self[breaker.deployment_id] = breaker
 
     def __iter__(self):  # type: ignore[no-untyped-def]
-        return iter(self._breakers.values())
+        return iter(self.values())
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
-        return {k: b.snapshot() for k, b in self._breakers.items()}
+        return {k: b.snapshot() for k, b in self.items()}
