@@ -397,7 +397,7 @@ class Engine:
         if response is not None:
             model = getattr(response, "model", None)
             served_model = served_model or (str(model) if model else None)
-            reported = (hidden_params_of(response) or {}).get("response_cost")
+            reported = (actx.hidden or hidden_params_of(response) or {}).get("response_cost")
             if cost is None and isinstance(reported, int | float) and not isinstance(reported, bool):
                 cost = float(reported)
         self.record(
@@ -508,10 +508,3 @@ class Engine:
         rec = AttemptRecord(*values)
         call.report.attempts.append(rec)
         self.emit(call, rec)
-
-
-def served_deployment(resp: Any) -> str | None:
-    """The deployment id LiteLLM reports for a response."""
-    hidden = hidden_params_of(resp)
-    dep = hidden.get("model_id") if hidden is not None else None
-    return str(dep) if dep is not None else None

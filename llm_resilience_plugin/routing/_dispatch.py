@@ -15,7 +15,7 @@ import litellm
 
 from llm_resilience_plugin._engine.attempt import AttemptContext
 from llm_resilience_plugin._engine.dispatch import CHAT, PAYLOAD_KEYS
-from llm_resilience_plugin._engine.engine import Engine, served_deployment
+from llm_resilience_plugin._engine.engine import Engine
 from llm_resilience_plugin._engine.watchdog import AttemptWatchdog
 from llm_resilience_plugin.events import (
     REPORT_KEY,
@@ -150,7 +150,11 @@ class RouterDispatcher:
             if not precise:
                 attempt.learn(picked_in(md), epoch)
             return resp
-        dep = served_deployment(resp)
+        # The deployment LiteLLM reports; its hidden params are kept for the engine's record (one read)
+        hidden = attempt.hidden = hidden_params_of(resp)
+        dep = hidden.get("model_id") if hidden is not None else None
+        if dep is not None:
+            dep = str(dep)
         if not precise:
             attempt.learn(dep if dep is not None else picked_in(md), epoch)
         elif dep is not None and attempt.picked != dep:
