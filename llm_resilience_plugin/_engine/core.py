@@ -388,6 +388,11 @@ def coarse_timeout(seconds: float, cap: float) -> float:
     return min(cap, math.ceil(seconds / step) * step)
 
 
+# attempt_timeouts' answers when the deadline leaves the whole limit: they depend on the limit and
+# cap alone, which stay the same over many calls (cleared when full: a learned limit moves on).
+_WHOLE_LIMIT: dict[tuple[float, float | None], tuple[float, float, float]] = {}
+
+
 def attempt_timeouts(limit: float, remaining: float, cap: float | None = None) -> tuple[float, float, float]:
     """(exact timeout, the timeout sent to LiteLLM, the watchdog's hard bound) for one attempt.
 
@@ -397,10 +402,19 @@ def attempt_timeouts(limit: float, remaining: float, cap: float | None = None) -
     value (few values, cache hits) and the watchdog holds the exact bound. A configured attempt
     timeout goes through as it is.
     """
+    whole = remaining >= limit
+    if whole:  # the common case, computed once per (limit, cap)
+        known = _WHOLE_LIMIT.get((limit, cap))
+        if known is not None:
+            return known
     timeout = min(limit, remaining)
     if cap is not None and limit != cap:  # a learned limit: new every few answers
         sent = coarse_timeout(timeout, cap)
     else:
         sent = timeout if timeout == limit else coarse_timeout(timeout, limit)
     bound = timeout if sent > timeout else timeout + 0.25
+    if whole:
+        if len(_WHOLE_LIMIT) >= 64:
+            _WHOLE_LIMIT.clear()
+        _WHOLE_LIMIT[(limit, cap)] = (timeout, sent, bound)
     return timeout, sent, bound

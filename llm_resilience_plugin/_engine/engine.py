@@ -311,7 +311,7 @@ class Engine:
         """A non-stream attempt's limit: the attempt timeout, or - while the call can go elsewhere
         and no timeout was set - one learned from the group's answer times (never above it)."""
         pol = self.policies[group]
-        limit = attempt_limit(call, pol)
+        limit = attempt_limit(call, pol) if call.stream else call.opts.attempt_timeout or pol.attempt_timeout
         if call.opts.attempt_timeout or not pol.learn_answer_timeouts:
             return limit
         learned = self.timings[group].answer(limit)
