@@ -37,7 +37,8 @@ def begin(
     pol = engine.policies[group]
     call.attempt_no += 1
     wait_before, call.next_wait = call.next_wait, 0.0
-    remaining = call.deadline.remaining()
+    deadline = call.deadline
+    remaining = max(0.0, deadline.expires_at - deadline.clock.monotonic())  # remaining(), inline
     started_wall = engine.clock.wall()
     if remaining <= pol.min_attempt_time:
         failure = Failure(
@@ -210,7 +211,8 @@ async def attempt(
             raise
         raise failed(engine, actx, level, exc, t0, started_wall, wait_before) from None
     finally:
-        actx.clean_up()
+        if actx.cleanups:
+            actx.clean_up()
     return answered(engine, actx, level, resp, t0, started_wall, wait_before, messages, kwargs)
 
 

@@ -454,10 +454,11 @@ class ResilientRouter(EndpointsMixin):
             or (tier.deadline if tier and tier.deadline else None)
             or self.engine.policies[model].deadline
         )
+        clock = self.engine.clock
         ctx = CallState(
             call_id=call_id,
             report=report,
-            deadline=Deadline.after(self.engine.clock, budget_s),
+            deadline=Deadline(clock, clock.monotonic() + budget_s),  # Deadline.after, inline
             stream=stream,
             listener=listener,
             before_retry=before_retry,
