@@ -9,10 +9,14 @@ left in the loop's heap, which is measurable on healthy calls (benchmarks/overhe
 from __future__ import annotations
 
 import asyncio
+import time
 import weakref
 
 # How often the sweep runs while attempts are in flight; an overrun attempt ends at most this late.
 SWEEP_INTERVAL = 0.05
+
+_BASE_LOOP_TIME = asyncio.BaseEventLoop.time  # time.monotonic(), for every loop that keeps it
+_monotonic = time.monotonic
 
 
 class _LoopWatchdog:
@@ -80,7 +84,9 @@ class AttemptWatchdog:
         if task is None:
             raise RuntimeError("the attempt watchdog needs a running task")
         self.task: asyncio.Task[object] = task
-        self.expires_at = loop.time() + self._seconds  # loop time
+        # loop time (asyncio's own loops read time.monotonic: called directly, one Python call fewer)
+        now = _monotonic() if type(loop).time is _BASE_LOOP_TIME else loop.time()
+        self.expires_at = now + self._seconds
         self._cancelling = task.cancelling()
         # Armed inline (the last loop's watchdog first): this runs on every attempt.
         last = _last
