@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import random
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import litellm
@@ -103,6 +103,9 @@ class DirectDispatcher:
         self.router = router
         self.engine = engine
         self.via_router = via_router
+        # The served model, cost and usage of an answer, and its report: the Router dispatcher's
+        # own method (bound here, so each answer makes no delegating call).
+        self.annotate: Callable[[CallReport, Any, dict[str, int] | None], None] = via_router.annotate
         self.plan = dict(plan)
         self.sent_direct = 0  # attempts sent straight through litellm.acompletion (for tests, stats)
         from litellm.router_rust.core import RustCore
@@ -268,13 +271,6 @@ class DirectDispatcher:
             client,
         )
 
-    def stamp_response(
-        self, resp: Any, group: str, sent: Mapping[str, Any], remaining: Mapping[str, Any] | None = None
-    ) -> Any:
-        """The headers the Router's ``finish_async`` stamps on a served answer (see
-        :meth:`RouterPieces.stamp_response`)."""
-        return self._pieces.stamp_response(resp, group, sent, remaining)
-
     # -- the Dispatcher protocol -----------------------------------------------------------------
 
     def direct_for(self, attempt: AttemptContext, kwargs: Mapping[str, Any]) -> bool:
@@ -294,7 +290,7 @@ class DirectDispatcher:
         wrapped = self._core_members.get(name) is not self._core_functions.get(name)
         if wrapped or name in vars(self.router):
             return False  # someone wraps the Router's function (a spy, a mock, instrumentation)
-        return not routing_hooks_present()
+        return not litellm.callbacks or not routing_hooks_present()  # no call while none is registered
 
     def _operation_direct(self, op: str, attempt: AttemptContext, kwargs: Mapping[str, Any]) -> bool:
         """Does a non-chat attempt go direct: an operation the equivalence suite covers, no
@@ -370,10 +366,10 @@ class DirectDispatcher:
             if tracked:
                 await self._usage.failure(e, sent, metadata_field(op), group)
             raise
-        if not tracked:
-            return self.stamp_response(resp, group, sent)
+        if not tracked:  # the headers the Router's finish_async stamps on a served answer
+            return p.stamp_response(resp, group, sent)
         await self._usage.success(resp, sent, metadata_field(op), group)
-        return self.stamp_response(resp, group, sent, await self._usage.remaining(group))
+        return p.stamp_response(resp, group, sent, await self._usage.remaining(group))
 
     def wrap_stream(
         self,
@@ -394,10 +390,6 @@ class DirectDispatcher:
     def static_stream(self, response: Any, attempt_call: Any) -> StaticStream:
         """A configured static answer as a one-chunk stream."""
         return self.via_router.static_stream(response, attempt_call)
-
-    def annotate(self, report: CallReport, result: Any, usage: dict[str, int] | None) -> None:
-        """The served model, cost and usage of an answer, and its report."""
-        self.via_router.annotate(report, result, usage)
 
     async def discard(self, result: Any) -> None:
         """Close a result nobody will read (the loser of a hedge)."""
