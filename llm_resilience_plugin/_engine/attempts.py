@@ -51,7 +51,7 @@ def begin(
         call.add_failure(failure)
         engine.record(call, group, level, None, failure, started_wall, 0.0, wait_before, "skipped")
         raise AttemptFailed(failure, None)
-    held = engine.held_back(call, group) if not exclude else None
+    held = engine.held_back(call, group) if engine.hold_until and not exclude else None
     if held is not None:  # every deployment asked to be left alone for now: wait or fail over
         call.add_failure(held)
         engine.record(call, group, level, None, held, started_wall, 0.0, wait_before, "skipped")
