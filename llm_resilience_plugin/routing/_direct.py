@@ -211,15 +211,24 @@ class DirectDispatcher:
         return self._store.get_cache(key=key, local_only=True)
 
     def request_kwargs(
-        self, group: str, dep: Mapping[str, Any], messages: list[dict[str, Any]], kwargs: Mapping[str, Any]
+        self,
+        group: str,
+        dep: Mapping[str, Any],
+        messages: list[dict[str, Any]],
+        kwargs: Mapping[str, Any],
+        dep_id: str | None = None,
     ) -> dict[str, Any]:
         """The kwargs the Router's chat attempt passes to ``litellm.acompletion`` for ``dep``:
         ``_update_kwargs_before_fallbacks`` (trace id, requested group), the walk's metadata
         (no retries, no fallbacks: the plugin's own), then ``_update_kwargs_with_deployment`` and
-        the ``litellm_params`` merge, by the Router's own functions."""
+        the ``litellm_params`` merge, by the Router's own functions (``dep_id``: ``dep``'s id, if
+        known)."""
         p = self._pieces
         keys = self._routing_keys
-        request: dict[str, Any] = {k: v for k, v in kwargs.items() if k not in keys}
+        request: dict[str, Any] = dict(kwargs)  # without the routing keys (no comprehension frame)
+        if not keys.isdisjoint(request):
+            for k in keys.intersection(request):
+                del request[k]
         md = dict(request.get("metadata") or {})
         md["model_group"] = group
         md["model_group_alias"] = None
@@ -241,7 +250,8 @@ class DirectDispatcher:
                 "model_group_size": self._group_size[group],
             }
         )
-        client = self._store.get_cache(key=self._client_keys[deployment_id_of(dep)][stream], local_only=True)
+        client_key = self._client_keys[dep_id if dep_id is not None else deployment_id_of(dep)][stream]
+        client = self._store.get_cache(key=client_key, local_only=True)
         return p.without_router_only_kwargs(  # type: ignore[no-any-return]
             {**params, "caching": False, "client": client, **request}
         )
@@ -335,7 +345,7 @@ class DirectDispatcher:
             call.stream, attempt.token, timeout_s, engine.policies[group].connect_timeout, kwargs, op
         )
         if op == CHAT:
-            sent = self.request_kwargs(group, dep, messages, attempt_kwargs)
+            sent = self.request_kwargs(group, dep, messages, attempt_kwargs, dep_id)
             send: Any = litellm.acompletion
         else:
             sent = self.operation_request_kwargs(op, group, dep, messages, attempt_kwargs)

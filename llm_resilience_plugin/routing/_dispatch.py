@@ -67,8 +67,8 @@ class RouterDispatcher:
         # is the caller's, sent to the provider); every other path in ``metadata``.
         field = "litellm_metadata" if operation == "responses" else "metadata"
         if kwargs:
-            out = {k: v for k, v in kwargs.items() if k != field}
-            md = dict(kwargs.get(field) or {})
+            out = dict(kwargs)
+            md = dict(out.pop(field, None) or {})
             md[META_KEY] = token
             out[field] = md
         else:  # the common case: LiteLLM's defaults for everything else
