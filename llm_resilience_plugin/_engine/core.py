@@ -120,11 +120,18 @@ def validate_request(messages: Any, kwargs: Mapping[str, Any]) -> None:
     if not isinstance(messages, list) or not messages:
         raise ConfigError("messages", "expected a non-empty list of chat messages")
     for i, m in enumerate(messages):
-        # Fast path: a plain dict with a role string and ASCII text needs nothing more checked.
+        # Fast path: a plain dict with a role string and text that encodes needs nothing more
+        # checked (ASCII without encoding it; a lone surrogate goes on to the checks below).
         if type(m) is dict:
             role, content = m.get("role"), m.get("content")
-            if type(role) is str and role and type(content) is str and content.isascii():
-                continue
+            if type(role) is str and role and type(content) is str:
+                if content.isascii():
+                    continue
+                try:
+                    content.encode("utf-8")
+                    continue
+                except UnicodeEncodeError:
+                    pass
         where = f"messages[{i}]"
         if not isinstance(m, Mapping):
             raise ConfigError(
