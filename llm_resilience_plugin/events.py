@@ -367,17 +367,20 @@ def hidden_params_of(obj: Any) -> dict[str, Any] | None:
     LiteLLM response goes through pydantic's Python-level ``__getattr__`` (about 2 µs a read).
     """
     private = getattr(obj, "__pydantic_private__", None)
-    hidden = private.get("_hidden_params") if isinstance(private, dict) else None
+    # ``type(x) is dict`` first: what pydantic and LiteLLM keep, without an isinstance call
+    hidden = private.get("_hidden_params") if type(private) is dict or isinstance(private, dict) else None
     if hidden is None:
         hidden = getattr(obj, "_hidden_params", None)
-    return hidden if isinstance(hidden, dict) else None
+    return hidden if type(hidden) is dict or isinstance(hidden, dict) else None
 
 
 def usage_of(obj: Any) -> dict[str, int] | None:
     """Token usage of a LiteLLM response or chunk as plain ints, or None when it has none."""
     extra = getattr(obj, "__pydantic_extra__", None)  # where LiteLLM's responses keep ``usage``
     usage = (
-        extra.get("usage") if isinstance(extra, dict) and "usage" in extra else getattr(obj, "usage", None)
+        extra["usage"]
+        if (type(extra) is dict or isinstance(extra, dict)) and "usage" in extra
+        else getattr(obj, "usage", None)
     )
     if usage is None:
         return None

@@ -61,6 +61,9 @@ class AttemptContext:
     generations: dict[str, int] | None = None
     picked: str | None = None
     sent: bool = False
+    # LiteLLM's hidden params of the answer ``send`` returned, when the dispatcher read them
+    # (so the engine's record does not read them again); None otherwise.
+    hidden: dict[str, Any] | None = None
     # (guard, token) per guard consulted; an empty tuple until the first guard is consulted.
     guard_tokens: Sequence[tuple[AttemptGuard, Any]] = ()
     # What the dispatcher holds for this attempt (hooks, registrations), let go once the engine

@@ -37,7 +37,8 @@ def begin(
     pol = engine.policies[group]
     call.attempt_no += 1
     wait_before, call.next_wait = call.next_wait, 0.0
-    remaining = call.deadline.remaining()
+    deadline = call.deadline
+    remaining = max(0.0, deadline.expires_at - deadline.clock.monotonic())  # remaining(), inline
     started_wall = engine.clock.wall()
     if remaining <= pol.min_attempt_time:
         failure = Failure(
@@ -50,7 +51,7 @@ def begin(
         call.add_failure(failure)
         engine.record(call, group, level, None, failure, started_wall, 0.0, wait_before, "skipped")
         raise AttemptFailed(failure, None)
-    held = engine.held_back(call, group) if not exclude else None
+    held = engine.held_back(call, group) if engine.hold_until and not exclude else None
     if held is not None:  # every deployment asked to be left alone for now: wait or fail over
         call.add_failure(held)
         engine.record(call, group, level, None, held, started_wall, 0.0, wait_before, "skipped")
@@ -66,15 +67,15 @@ def begin(
         # watchdog's to judge, so LiteLLM gets the attempt's whole limit and the watchdog holds
         # the first chunk's, exactly.
         sent_timeout, bound = (whole if whole == cap else coarse_timeout(whole, cap)), timeout
-    actx = AttemptContext(
-        engine=engine,
-        call=call,
-        group=group,
-        exclude=exclude,
-        token=f"{id(engine)}:{call.call_id}:{next(ATTEMPT_IDS)}",
-        hedged=holder is not None,
-        timeout_s=timeout,
-        number=call.attempt_no,
+    actx = AttemptContext(  # positional: a dataclass's __init__ takes keywords measurably slower
+        engine,
+        call,
+        group,
+        exclude,
+        f"{id(engine)}:{call.call_id}:{next(ATTEMPT_IDS)}",  # token
+        holder is not None,  # hedged
+        timeout,  # timeout_s
+        call.attempt_no,  # number
     )
     if holder is not None:
         holder.append(actx)
@@ -210,7 +211,8 @@ async def attempt(
             raise
         raise failed(engine, actx, level, exc, t0, started_wall, wait_before) from None
     finally:
-        actx.clean_up()
+        if actx.cleanups:
+            actx.clean_up()
     return answered(engine, actx, level, resp, t0, started_wall, wait_before, messages, kwargs)
 
 

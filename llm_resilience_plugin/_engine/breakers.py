@@ -145,6 +145,10 @@ class MemoryBreakerBackend(BreakerBackend):
     ``CircuitRedisStorage`` the state is shared but the probe limit is not; use the Redis backend
     for that)."""
 
+    # Plain attributes, not properties: every attempt reads them (through its breaker's ticket).
+    generation: int = 0
+    has_observed: bool = False  # nothing changes elsewhere
+
     def __init__(
         self,
         name: str,
@@ -157,7 +161,7 @@ class MemoryBreakerBackend(BreakerBackend):
         """``probe_lease``: seconds after which a half-open probe that never reported back (a
         stream the caller dropped, a task that vanished) frees its slot; None keeps it until then."""
         self.policy = policy
-        self._generation = generation
+        self.generation = generation
         self._probe_lease = probe_lease
         self._streak = 0  # trips in a row without closing: each one doubles how long it stays open
         self._probe_started: list[float] = []  # when each probe in flight was admitted
@@ -197,14 +201,10 @@ class MemoryBreakerBackend(BreakerBackend):
     def state(self) -> str:
         return self._cb.current_state
 
-    @property
-    def generation(self) -> int:
-        return self._generation
-
     def view(self) -> BreakerView:
         return BreakerView(
             state=self._cb.current_state,
-            generation=self._generation,
+            generation=self.generation,
             fail_counter=self._storage.counter,
             success_counter=self._storage.success_counter,
             opened_at=self._opened_at(),
@@ -217,7 +217,7 @@ class MemoryBreakerBackend(BreakerBackend):
         name = self._cb.name or ""
         state = self._cb.current_state
         if state == CLOSED:
-            return Admission(name, self._generation, probe=False), changes
+            return Admission(name, self.generation, probe=False), changes
         if state == OPEN:
             if now < self._opened_at() + self.policy.window(self._streak):
                 return None, changes
@@ -228,7 +228,7 @@ class MemoryBreakerBackend(BreakerBackend):
         if len(self._probe_started) >= self.policy.half_open_max_probes:
             return None, changes
         self._probe_started.append(now)
-        return Admission(name, self._generation, probe=True), changes
+        return Admission(name, self.generation, probe=True), changes
 
     def success_is_noop(self, admission: Admission) -> bool:
         # The common healthy case: a closed-state success with no failure counted. A failure
@@ -236,12 +236,12 @@ class MemoryBreakerBackend(BreakerBackend):
         return (
             self._local_storage
             and not admission.probe
-            and (admission.generation != self._generation or self._storage.counter == 0)
+            and (admission.generation != self.generation or self._storage.counter == 0)
         )
 
     def record_success(self, admission: Admission, now: float) -> list[Change]:
         changes: list[Change] = []
-        if admission.generation != self._generation:
+        if admission.generation != self.generation:
             return changes  # admitted under an older state: its outcome says nothing about now
         if admission.probe:
             self._free_probe()
@@ -255,7 +255,7 @@ class MemoryBreakerBackend(BreakerBackend):
 
     def record_failure(self, admission: Admission, now: float) -> list[Change]:
         changes: list[Change] = []
-        if admission.generation != self._generation:
+        if admission.generation != self.generation:
             return changes
         if admission.probe:
             self._free_probe()
@@ -267,7 +267,7 @@ class MemoryBreakerBackend(BreakerBackend):
         return changes
 
     def release(self, admission: Admission) -> list[Change]:
-        if admission.probe and admission.generation == self._generation:
+        if admission.probe and admission.generation == self.generation:
             self._free_probe()
         return []
 
@@ -288,7 +288,7 @@ class MemoryBreakerBackend(BreakerBackend):
     def _transition(self, action: Callable[[], object], changes: list[Change]) -> None:
         old = self._cb.current_state
         action()
-        self._generation += 1
+        self.generation += 1
         self._probe_started = []
         new = self._cb.current_state
         if old != new:
@@ -350,7 +350,14 @@ class DeploymentBreaker:
     def ticket(self, generation: int | None = None) -> Admission:
         """The plain (non-probe) ticket of ``generation`` (default: the current one): one
         immutable object per generation, shared by the attempts admitted under it."""
-        gen = self.generation if generation is None else generation
+        if generation is None:  # the ``generation`` property, inline (every attempt asks)
+            backend = self.backend
+            if backend.has_observed:
+                with self._lock:
+                    self._emit(backend.observed())
+            gen = backend.generation
+        else:
+            gen = generation
         t = self._ticket
         if t is None or t.generation != gen:
             t = Admission(self.deployment_id, gen, probe=False)
@@ -480,23 +487,15 @@ class DeploymentBreaker:
             )
 
 
-class BreakerRegistry:
-    """All breakers of one router, keyed by deployment id."""
-
-    def __init__(self) -> None:
-        self._breakers: dict[str, DeploymentBreaker] = {}
+class BreakerRegistry(dict[str, DeploymentBreaker]):
+    """All breakers of one router, keyed by deployment id (a dict, so the lookup every attempt
+    makes is no Python call); iterating it gives the breakers."""
 
     def add(self, breaker: DeploymentBreaker) -> None:
-        self._breakers[breaker.deployment_id] = breaker
-
-    def get(self, deployment_id: str) -> DeploymentBreaker | None:
-        return self._breakers.get(deployment_id)
-
-    def __getitem__(self, deployment_id: str) -> DeploymentBreaker:
-        return self._breakers[deployment_id]
+        self[breaker.deployment_id] = breaker
 
     def __iter__(self):  # type: ignore[no-untyped-def]
-        return iter(self._breakers.values())
+        return iter(self.values())
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
-        return {k: b.snapshot() for k, b in self._breakers.items()}
+        return {k: b.snapshot() for k, b in self.items()}

@@ -71,7 +71,7 @@ def call_budget(*settings: float | None, cap: float | None = None) -> float:
     ``settings`` that is set, most specific first (the call's own, its model's, its tier's, the
     policy's), never more than ``cap`` (what an enclosing run, such as a LangChain chain with a
     deadline, has left)."""
-    budget = next((s for s in settings if s), None)
-    if budget is None:
-        raise ValueError("a call needs at least one deadline setting (the policy always has one)")
-    return budget if cap is None else min(budget, cap)
+    for budget in settings:
+        if budget:
+            return budget if cap is None or budget <= cap else cap
+    raise ValueError("a call needs at least one deadline setting (the policy always has one)")

@@ -123,11 +123,18 @@ def validate_request(messages: Any, kwargs: Mapping[str, Any]) -> None:
     if not isinstance(messages, list) or not messages:
         raise ConfigError("messages", "expected a non-empty list of chat messages")
     for i, m in enumerate(messages):
-        # Fast path: a plain dict with a role string and ASCII text needs nothing more checked.
+        # Fast path: a plain dict with a role string and text that encodes needs nothing more
+        # checked (ASCII without encoding it; a lone surrogate goes on to the checks below).
         if type(m) is dict:
             role, content = m.get("role"), m.get("content")
-            if type(role) is str and role and type(content) is str and content.isascii():
-                continue
+            if type(role) is str and role and type(content) is str:
+                if content.isascii():
+                    continue
+                try:
+                    content.encode("utf-8")
+                    continue
+                except UnicodeEncodeError:
+                    pass
         where = f"messages[{i}]"
         if not isinstance(m, Mapping):
             raise ConfigError(
@@ -403,6 +410,11 @@ def coarse_timeout(seconds: float, cap: float) -> float:
     return min(cap, math.ceil(seconds / step) * step)
 
 
+# attempt_timeouts' answers when the deadline leaves the whole limit: they depend on the limit and
+# cap alone, which stay the same over many calls (cleared when full: a learned limit moves on).
+_WHOLE_LIMIT: dict[tuple[float, float | None], tuple[float, float, float]] = {}
+
+
 def attempt_timeouts(limit: float, remaining: float, cap: float | None = None) -> tuple[float, float, float]:
     """(exact timeout, the timeout sent to LiteLLM, the watchdog's hard bound) for one attempt.
 
@@ -412,10 +424,19 @@ def attempt_timeouts(limit: float, remaining: float, cap: float | None = None) -
     value (few values, cache hits) and the watchdog holds the exact bound. A configured attempt
     timeout goes through as it is.
     """
+    whole = remaining >= limit
+    if whole:  # the common case, computed once per (limit, cap)
+        known = _WHOLE_LIMIT.get((limit, cap))
+        if known is not None:
+            return known
     timeout = min(limit, remaining)
     if cap is not None and limit != cap:  # a learned limit: new every few answers
         sent = coarse_timeout(timeout, cap)
     else:
         sent = timeout if timeout == limit else coarse_timeout(timeout, limit)
     bound = timeout if sent > timeout else timeout + 0.25
+    if whole:
+        if len(_WHOLE_LIMIT) >= 64:
+            _WHOLE_LIMIT.clear()
+        _WHOLE_LIMIT[(limit, cap)] = (timeout, sent, bound)
     return timeout, sent, bound

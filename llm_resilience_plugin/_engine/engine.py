@@ -164,7 +164,7 @@ class Engine:
         self.policies.update(preferred_routes(self.policies, spec))
         self.dispatcher: Dispatcher | None = None
         self._not_closed: set[str] = set()
-        self._hold_until = 0.0
+        self.hold_until = 0.0  # when the last honoured Retry-After hold ends (0.0: none yet)
         self._hold_wave = 0.0  # when the last hold some call is waiting for ends
         # Shared (multi-process) breaker state can change without a local transition event.
         self._shared_breakers = shared_breakers
@@ -212,7 +212,7 @@ class Engine:
 
     def all_clear(self) -> bool:
         """Every breaker closed and no Retry-After hold pending (the filter's fast path)."""
-        hold = self._hold_until  # 0.0 until some Retry-After was honoured
+        hold = self.hold_until  # 0.0 until some Retry-After was honoured
         return not self._not_closed and not self._shared_breakers and (not hold or self.clock.wall() >= hold)
 
     def emit(self, call: CallState, event: Event) -> None:
@@ -244,7 +244,7 @@ class Engine:
         the hold on this group (within ``max_wait_with_fallback`` and the deadline) or fails over,
         and nothing is sent. None when some deployment is free (or nothing is admissible: the
         breakers decide). Cheap while no hold is pending."""
-        hold = self._hold_until
+        hold = self.hold_until
         if not hold:
             return None
         now = self.clock.wall()
@@ -311,7 +311,7 @@ class Engine:
         """A non-stream attempt's limit: the attempt timeout, or - while the call can go elsewhere
         and no timeout was set - one learned from the group's answer times (never above it)."""
         pol = self.policies[group]
-        limit = attempt_limit(call, pol)
+        limit = attempt_limit(call, pol) if call.stream else call.opts.attempt_timeout or pol.attempt_timeout
         if call.opts.attempt_timeout or not pol.learn_answer_timeouts:
             return limit
         learned = self.timings[group].answer(limit)
@@ -389,7 +389,7 @@ class Engine:
             self.hold_queue.answered(actx.picked, self.clock.wall())
         if not call.stream:
             self.timings[group].observe_answer(latency)
-        hedge = self.hedges.get(group)
+        hedge = self.hedges.get(group) if self.hedges else None
         if hedge is not None:
             hedge.observe(ttft if ttft is not None else latency)
         if actx.guard_tokens:
@@ -397,7 +397,7 @@ class Engine:
         if response is not None:
             model = getattr(response, "model", None)
             served_model = served_model or (str(model) if model else None)
-            reported = (hidden_params_of(response) or {}).get("response_cost")
+            reported = (actx.hidden or hidden_params_of(response) or {}).get("response_cost")
             if cost is None and isinstance(reported, int | float) and not isinstance(reported, bool):
                 cost = float(reported)
         self.record(
@@ -448,7 +448,7 @@ class Engine:
             if failure.retry_after:
                 b.hold(failure.retry_after)
                 self.hold_queue.held(adm.deployment_id, self.clock.wall(), failure.retry_after, call.call_id)
-                self._hold_until = max(self._hold_until, self.clock.wall() + failure.retry_after)
+                self.hold_until = max(self.hold_until, self.clock.wall() + failure.retry_after)
         if counts:
             self.budgets[group].on_failure()
         if dep is not None:
@@ -508,10 +508,3 @@ class Engine:
         rec = AttemptRecord(*values)
         call.report.attempts.append(rec)
         self.emit(call, rec)
-
-
-def served_deployment(resp: Any) -> str | None:
-    """The deployment id LiteLLM reports for a response."""
-    hidden = hidden_params_of(resp)
-    dep = hidden.get("model_id") if hidden is not None else None
-    return str(dep) if dep is not None else None

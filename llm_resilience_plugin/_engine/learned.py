@@ -29,7 +29,8 @@ class StreamTimings:
         self._ttft: deque[float] = deque(maxlen=WINDOW)
         self._gaps: deque[float] = deque(maxlen=WINDOW)
         self._answers: deque[float] = deque(maxlen=WINDOW)
-        self._answer_limit: tuple[int, float] | None = None  # (samples seen when computed, p95)
+        # (samples seen when computed, p95, the cap last asked with, the limit for that cap)
+        self._answer_limit: tuple[int, float, float, float] | None = None
         self._seen = 0
         self._lock = threading.Lock()
 
@@ -54,12 +55,18 @@ class StreamTimings:
         of observed answer times (at least FLOOR, at most ``cap``). The p95 is recomputed every
         RECOMPUTE answers, not on every call."""
         known = self._answer_limit
+        if known is not None and known[2] == cap and self._seen - known[0] < RECOMPUTE:
+            return known[3]  # the common case: the value kept for this cap
         if known is None or self._seen - known[0] >= RECOMPUTE:
             with self._lock:
                 if len(self._answers) < MIN_SAMPLES:
                     return cap
-                known = self._answer_limit = (self._seen, _p95(self._answers))
-        return min(cap, max(FLOOR, HEADROOM * known[1]))
+                seen, p95 = self._seen, _p95(self._answers)
+        else:
+            seen, p95 = known[0], known[1]
+        value = min(cap, max(FLOOR, HEADROOM * p95))
+        self._answer_limit = (seen, p95, cap, value)
+        return value
 
     def first_chunk(self, default: float, cap: float) -> float:
         """The first-chunk timeout: ``default`` until enough samples, then HEADROOM x the p95 of

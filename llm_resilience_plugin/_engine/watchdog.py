@@ -9,14 +9,19 @@ left in the loop's heap, which is measurable on healthy calls (benchmarks/overhe
 from __future__ import annotations
 
 import asyncio
+import time
 import weakref
 
 # How often the sweep runs while attempts are in flight; an overrun attempt ends at most this late.
 SWEEP_INTERVAL = 0.05
 
+_BASE_LOOP_TIME = asyncio.BaseEventLoop.time  # time.monotonic(), for every loop that keeps it
+_monotonic = time.monotonic
+
 
 class _LoopWatchdog:
-    """The attempts in flight on one event loop; holds the loop weakly so a finished loop can go."""
+    """The attempts in flight on one event loop (each AttemptWatchdog adds and removes itself);
+    holds the loop weakly so a finished loop can go."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = weakref.ref(loop)
@@ -24,15 +29,6 @@ class _LoopWatchdog:
         # one allocates nothing beyond the guard itself.
         self._watches: dict[AttemptWatchdog, None] = {}
         self._armed = False  # a sweep is scheduled (a flag: a handle would hold the loop strongly)
-
-    def add(self, loop: asyncio.AbstractEventLoop, watch: AttemptWatchdog) -> None:
-        self._watches[watch] = None
-        if not self._armed:
-            loop.call_later(SWEEP_INTERVAL, self._sweep)
-            self._armed = True
-
-    def remove(self, watch: AttemptWatchdog) -> None:
-        self._watches.pop(watch, None)
 
     @property
     def in_flight(self) -> int:
@@ -103,14 +99,21 @@ class AttemptWatchdog:
         if task is None:
             raise RuntimeError("the attempt watchdog needs a running task")
         self.task: asyncio.Task[object] = task
-        self.expires_at = loop.time() + self._seconds  # loop time
+        # loop time (asyncio's own loops read time.monotonic: called directly, one Python call fewer)
+        now = _monotonic() if type(loop).time is _BASE_LOOP_TIME else loop.time()
+        self.expires_at = now + self._seconds
         self._cancelling = task.cancelling()
-        dog = self._dog = _watchdog(loop)
-        dog.add(loop, self)
+        # Armed inline (the last loop's watchdog first): this runs on every attempt.
+        last = _last
+        dog = self._dog = last[1] if last is not None and last[0]() is loop else _watchdog(loop)
+        dog._watches[self] = None
+        if not dog._armed:
+            loop.call_later(SWEEP_INTERVAL, dog._sweep)
+            dog._armed = True
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
-        self._dog.remove(self)
+        self._dog._watches.pop(self, None)
         if self._fired and exc_type is asyncio.CancelledError and self.task.uncancel() <= self._cancelling:
             raise TimeoutError(f"{self._what} exceeded {self._seconds:.2f}s") from exc
 

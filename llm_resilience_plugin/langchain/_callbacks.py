@@ -33,7 +33,6 @@ from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import BaseMessage, convert_to_openai_messages
 from langchain_core.outputs import LLMResult
 
-from llm_resilience_plugin._engine.engine import served_deployment
 from llm_resilience_plugin._engine.taxonomy import classify
 from llm_resilience_plugin.cost._guard import CostGuard, Ticket
 from llm_resilience_plugin.cost._prices import settled_cost
@@ -382,7 +381,7 @@ class CostGuardCallbackHandler(_RunTracking):
         the answer at its reported cost, else its usage at the serving deployment's price."""
         usage = usage_of(answer) or {}
         hidden = hidden_params_of(answer) or {}
-        dep = served_deployment(answer)
+        dep = hidden.get("model_id")  # the deployment LiteLLM says served it
         reported = hidden.get("response_cost")
         reported = (
             float(reported) if isinstance(reported, int | float) and not isinstance(reported, bool) else None

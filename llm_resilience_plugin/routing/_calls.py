@@ -23,7 +23,6 @@ from llm_resilience_plugin._engine.core import (
     NO_OPTIONS,
     OPTION_KEYS,
     BeforeRetry,
-    CallOptions,
     CallState,
     positive_seconds,
     split_options,
@@ -92,16 +91,9 @@ class CallRunner:
         tier = None
         if opts.priority is not None or self.policy.default_tier is not None:
             tier = _tier_of(self.policy, opts.priority)[1]
-        return self._budget(model, deadline, tier, opts)
-
-    def _budget(
-        self, model: str, deadline: float | None, tier: TierPolicy | None, opts: CallOptions
-    ) -> float:
+        pol = self.engine.policies[model]
         return call_budget(
-            deadline,
-            tier.deadline if tier is not None else None,
-            self.engine.policies[model].deadline,
-            cap=opts.deadline_cap,
+            deadline, tier.deadline if tier is not None else None, pol.deadline, cap=opts.deadline_cap
         )
 
     def open_call(
@@ -134,9 +126,12 @@ class CallRunner:
         if priority is not None and tier is not None and tier.shed_below > 0:
             self._shed_check(model, priority, tier, clean)
         call_id = f"{_CALL_PREFIX}{next(_CALL_IDS):x}"
-        report = CallReport(
-            call_id, model, stream, self.engine.clock.wall(), priority=priority, operation=operation
-        )
+        # Positional, the defaults left alone: a dataclass's __init__ takes keywords measurably slower
+        report = CallReport(call_id, model, stream, self.engine.clock.wall())
+        if priority is not None:
+            report.priority = priority
+        if operation != "completion":
+            report.operation = operation
         keyed = model if operation == "completion" else f"{operation}:{model}"
         if opts.key is not None:
             report.idempotency_key = opts.key
@@ -145,18 +140,19 @@ class CallRunner:
         else:  # hashed only if read (a list is copied: appending to it later changes nothing)
             snapshot = list(messages) if isinstance(messages, list) else messages
             report.key_from(fingerprint, (keyed, snapshot, clean))
-        budget_s = self._budget(model, deadline, tier, opts)
-        ctx = CallState(
-            call_id=call_id,
-            report=report,
-            deadline=Deadline.after(self.engine.clock, budget_s),
-            stream=stream,
-            listener=listener,
-            before_retry=before_retry,
-            opts=opts,
-            tier=tier,
-            operation=operation,
-        )
+        budget_s = call_budget(
+            deadline, tier.deadline if tier is not None else None, self.engine.policies[model].deadline,
+            cap=opts.deadline_cap,
+        )  # fmt: skip
+        clock = self.engine.clock
+        deadline_at = Deadline(clock, clock.monotonic() + budget_s)  # Deadline.after, inline
+        ctx = CallState(call_id, report, deadline_at, stream, listener, before_retry)  # as the report
+        if opts is not NO_OPTIONS:
+            ctx.opts = opts
+        if tier is not None:
+            ctx.tier = tier
+        if operation != "completion":
+            ctx.operation = operation
         if opts.avoid:  # deployments the caller knows just failed this request (never sent to)
             ctx.failed = ctx.failed | frozenset(opts.avoid)
             ctx.never_again = ctx.never_again | frozenset(opts.avoid)

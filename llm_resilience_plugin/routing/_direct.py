@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import random
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import litellm
@@ -103,6 +103,9 @@ class DirectDispatcher:
         self.router = router
         self.engine = engine
         self.via_router = via_router
+        # The served model, cost and usage of an answer, and its report: the Router dispatcher's
+        # own method (bound here, so each answer makes no delegating call).
+        self.annotate: Callable[[CallReport, Any, dict[str, int] | None], None] = via_router.annotate
         self.plan = dict(plan)
         self.sent_direct = 0  # attempts sent straight through litellm.acompletion (for tests, stats)
         from litellm.router_rust.core import RustCore
@@ -208,15 +211,24 @@ class DirectDispatcher:
         return self._store.get_cache(key=key, local_only=True)
 
     def request_kwargs(
-        self, group: str, dep: Mapping[str, Any], messages: list[dict[str, Any]], kwargs: Mapping[str, Any]
+        self,
+        group: str,
+        dep: Mapping[str, Any],
+        messages: list[dict[str, Any]],
+        kwargs: Mapping[str, Any],
+        dep_id: str | None = None,
     ) -> dict[str, Any]:
         """The kwargs the Router's chat attempt passes to ``litellm.acompletion`` for ``dep``:
         ``_update_kwargs_before_fallbacks`` (trace id, requested group), the walk's metadata
         (no retries, no fallbacks: the plugin's own), then ``_update_kwargs_with_deployment`` and
-        the ``litellm_params`` merge, by the Router's own functions."""
+        the ``litellm_params`` merge, by the Router's own functions (``dep_id``: ``dep``'s id, if
+        known)."""
         p = self._pieces
         keys = self._routing_keys
-        request: dict[str, Any] = {k: v for k, v in kwargs.items() if k not in keys}
+        request: dict[str, Any] = dict(kwargs)  # without the routing keys (no comprehension frame)
+        if not keys.isdisjoint(request):
+            for k in keys.intersection(request):
+                del request[k]
         md = dict(request.get("metadata") or {})
         md["model_group"] = group
         md["model_group_alias"] = None
@@ -238,7 +250,8 @@ class DirectDispatcher:
                 "model_group_size": self._group_size[group],
             }
         )
-        client = self._store.get_cache(key=self._client_keys[deployment_id_of(dep)][stream], local_only=True)
+        client_key = self._client_keys[dep_id if dep_id is not None else deployment_id_of(dep)][stream]
+        client = self._store.get_cache(key=client_key, local_only=True)
         return p.without_router_only_kwargs(  # type: ignore[no-any-return]
             {**params, "caching": False, "client": client, **request}
         )
@@ -268,13 +281,6 @@ class DirectDispatcher:
             client,
         )
 
-    def stamp_response(
-        self, resp: Any, group: str, sent: Mapping[str, Any], remaining: Mapping[str, Any] | None = None
-    ) -> Any:
-        """The headers the Router's ``finish_async`` stamps on a served answer (see
-        :meth:`RouterPieces.stamp_response`)."""
-        return self._pieces.stamp_response(resp, group, sent, remaining)
-
     # -- the Dispatcher protocol -----------------------------------------------------------------
 
     def direct_for(self, attempt: AttemptContext, kwargs: Mapping[str, Any]) -> bool:
@@ -294,7 +300,7 @@ class DirectDispatcher:
         wrapped = self._core_members.get(name) is not self._core_functions.get(name)
         if wrapped or name in vars(self.router):
             return False  # someone wraps the Router's function (a spy, a mock, instrumentation)
-        return not routing_hooks_present()
+        return not litellm.callbacks or not routing_hooks_present()  # no call while none is registered
 
     def _operation_direct(self, op: str, attempt: AttemptContext, kwargs: Mapping[str, Any]) -> bool:
         """Does a non-chat attempt go direct: an operation the equivalence suite covers, no
@@ -339,7 +345,7 @@ class DirectDispatcher:
             call.stream, attempt.token, timeout_s, engine.policies[group].connect_timeout, kwargs, op
         )
         if op == CHAT:
-            sent = self.request_kwargs(group, dep, messages, attempt_kwargs)
+            sent = self.request_kwargs(group, dep, messages, attempt_kwargs, dep_id)
             send: Any = litellm.acompletion
         else:
             sent = self.operation_request_kwargs(op, group, dep, messages, attempt_kwargs)
@@ -370,10 +376,10 @@ class DirectDispatcher:
             if tracked:
                 await self._usage.failure(e, sent, metadata_field(op), group)
             raise
-        if not tracked:
-            return self.stamp_response(resp, group, sent)
+        if not tracked:  # the headers the Router's finish_async stamps on a served answer
+            return p.stamp_response(resp, group, sent)
         await self._usage.success(resp, sent, metadata_field(op), group)
-        return self.stamp_response(resp, group, sent, await self._usage.remaining(group))
+        return p.stamp_response(resp, group, sent, await self._usage.remaining(group))
 
     def wrap_stream(
         self,
@@ -394,10 +400,6 @@ class DirectDispatcher:
     def static_stream(self, response: Any, attempt_call: Any) -> StaticStream:
         """A configured static answer as a one-chunk stream."""
         return self.via_router.static_stream(response, attempt_call)
-
-    def annotate(self, report: CallReport, result: Any, usage: dict[str, int] | None) -> None:
-        """The served model, cost and usage of an answer, and its report."""
-        self.via_router.annotate(report, result, usage)
 
     async def discard(self, result: Any) -> None:
         """Close a result nobody will read (the loser of a hedge)."""

@@ -16,7 +16,7 @@ import litellm
 
 from llm_resilience_plugin._engine.attempt import AttemptContext
 from llm_resilience_plugin._engine.dispatch import CHAT, PAYLOAD_KEYS
-from llm_resilience_plugin._engine.engine import Engine, served_deployment
+from llm_resilience_plugin._engine.engine import Engine
 from llm_resilience_plugin._engine.live import LiveAttempt
 from llm_resilience_plugin._engine.watchdog import AttemptWatchdog
 from llm_resilience_plugin.events import (
@@ -69,8 +69,8 @@ class RouterDispatcher:
         # is the caller's, sent to the provider); every other path in ``metadata``.
         field = "litellm_metadata" if operation == "responses" else "metadata"
         if kwargs:
-            out = {k: v for k, v in kwargs.items() if k != field}
-            md = dict(kwargs.get(field) or {})
+            out = dict(kwargs)
+            md = dict(out.pop(field, None) or {})
             md[META_KEY] = token
             out[field] = md
         else:  # the common case: LiteLLM's defaults for everything else
@@ -152,7 +152,11 @@ class RouterDispatcher:
             if not precise:
                 attempt.learn(picked_in(md), epoch)
             return resp
-        dep = served_deployment(resp)
+        # The deployment LiteLLM reports; its hidden params are kept for the engine's record (one read)
+        hidden = attempt.hidden = hidden_params_of(resp)
+        dep = hidden.get("model_id") if hidden is not None else None
+        if dep is not None:
+            dep = str(dep)
         if not precise:
             attempt.learn(dep if dep is not None else picked_in(md), epoch)
         elif dep is not None and attempt.picked != dep:
