@@ -199,8 +199,12 @@ class EndpointsMixin:
         starts = range(0, len(inputs), limit)
         whole = self.calls.budget(model, deadline, kwargs)  # one deadline (and cap) for all batches
         each = {k: v for k, v in kwargs.items() if k != "deadline_cap"}
+        key = each.get("idempotency_key")
 
         def start(i: int, left: float | None) -> Any:
+            # A caller's idempotency key names the whole call: each batch keys its own part of it
+            # (one key for all would replay the first batch's vectors for every batch).
+            batch = each if key is None else {**each, "idempotency_key": f"{key}#batch-{i}-of-{len(starts)}"}
             return self._operation(
                 "embedding",
                 model,
@@ -209,7 +213,7 @@ class EndpointsMixin:
                 left,
                 listener,
                 before_retry,
-                each,
+                batch,
             )
 
         bound = self._batch_concurrency(model, concurrency)

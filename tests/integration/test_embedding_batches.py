@@ -210,3 +210,18 @@ def test_all_batches_share_one_deadline(sim: ProviderSimulator, options: dict[st
         assert sim.count("a") == 2  # the second batch ran out of the shared time; no third was sent
     finally:
         router.close()
+
+
+@pytest.mark.parametrize("concurrency", [1, 4])
+def test_a_callers_idempotency_key_keys_each_batch_apart(
+    build: Callable[..., ResilientRouter], sim: ProviderSimulator, concurrency: int
+) -> None:
+    """One key for a split call: every batch gets its own vectors (not the first batch's, replayed
+    from the store or a single-flight leader), and repeating the call replays them all."""
+    router = build(idempotency_store="memory")
+    first = router.embedding("g", TEXTS, idempotency_key="doc-7", batch_concurrency=concurrency)
+    assert [d["embedding"] for d in first.data] == [embedding_vector("a", t, 16) for t in TEXTS]
+    assert sim.count("a") == 4
+    again = router.embedding("g", TEXTS, idempotency_key="doc-7", batch_concurrency=concurrency)
+    assert [d["embedding"] for d in again.data] == [embedding_vector("a", t, 16) for t in TEXTS]
+    assert sim.count("a") == 4  # replayed, batch by batch
