@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -291,9 +292,10 @@ class CostGuardCallbackHandler(_RunTracking):
         self._streamed: set[UUID] = set()
         self._lock = threading.Lock()
         # invoke's stream broke after content and the call was answered again (see _recovery):
-        # the reservation goes on with the answer to the run that carries it.
-        self._carried: list[tuple[Any, Ticket]] = []
-        self._answering: dict[UUID, Any] = {}
+        # settled when the broken run ends; the run that then delivers the answer sends nothing
+        # and reserves nothing. The answers settled so far, to know that run (bounded: a run
+        # that never comes leaves nothing behind but its entry, soon pushed out).
+        self._settled_answers: deque[Any] = deque(maxlen=256)
 
     def _llm_start(self, start: _LLMStart) -> None:
         """Reserve the run's worst case before the model sends anything (raising stops it)."""
@@ -360,18 +362,16 @@ class CostGuardCallbackHandler(_RunTracking):
             self._tickets[run_id] = ticket
 
     def _adopt(self, run_id: UUID) -> bool:
-        """A run that carries an answer already paid for (``invoke`` hands a broken stream's
-        answer to a new run, which sends nothing) takes over that call's reservation instead
-        of reserving again: a refusal now would throw away spend that happened."""
+        """A run that delivers an answer already paid for and settled (``invoke`` hands a
+        broken stream's answer to a new run, which sends nothing) reserves nothing: a refusal
+        now would throw away spend that happened."""
         answer = handed_answer()
         if answer is None:
             return False
         with self._lock:
-            for i, (resp, ticket) in enumerate(self._carried):
+            for i, resp in enumerate(self._settled_answers):
                 if resp is answer:
-                    del self._carried[i]
-                    self._tickets[run_id] = ticket
-                    self._answering[run_id] = resp
+                    del self._settled_answers[i]
                     return True
         return False
 
@@ -423,10 +423,6 @@ class CostGuardCallbackHandler(_RunTracking):
         ticket, _ = self._pop(run_id)
         if ticket is None:
             return
-        answer = self._answering.pop(run_id, None)
-        if answer is not None:
-            self._settle_answered(ticket, answer)
-            return
         s = usage_of_result(response)
         self.guard.settle(
             ticket,
@@ -444,12 +440,11 @@ class CostGuardCallbackHandler(_RunTracking):
         ticket, streamed = self._pop(run_id)
         if ticket is None:
             return
-        answer = self._answering.pop(run_id, None)
-        if answer is not None:  # the answer was paid for, whatever failed after it
-            self._settle_answered(ticket, answer)
-        elif isinstance(error, AnsweredAgain) and error.response is not None:
-            with self._lock:  # settled when the run that carries the answer ends
-                self._carried.append((error.response, ticket))
+        if isinstance(error, AnsweredAgain) and error.response is not None:
+            # The call went on and was answered: the broken stream and the answer, settled now.
+            self._settle_answered(ticket, error.response)
+            with self._lock:
+                self._settled_answers.append(error.response)
         elif streamed:
             self.guard.settle(ticket)
         else:
@@ -656,9 +651,12 @@ class StructuredLogCallbackHandler(_RunTracking):
             err_class: str | None = str(classify(error).error_class)
         except Exception:  # pragma: no cover - classify is total
             err_class = None
+        # A broken stream whose call was answered again (the next run carries the answer) is not a
+        # failed call: its own outcome, and no warning.
+        again = isinstance(error, AnsweredAgain)
         rec.update(
             {
-                "outcome": "failure",
+                "outcome": "answered_again" if again else "failure",
                 "error_class": err_class,
                 "error_type": type(error).__name__,
                 "error_message": str(error)[:500],
@@ -673,7 +671,7 @@ class StructuredLogCallbackHandler(_RunTracking):
             rec["input"] = run.content
             rec["partial_output"] = "".join(run.chunks)
         self.logger.log(
-            max(self.level, logging.WARNING),
+            self.level if again else max(self.level, logging.WARNING),
             "llm_run",
             extra={"llm_event_name": "llm_run", "llm_event": redact(rec)},
         )

@@ -38,7 +38,7 @@ from llm_resilience_plugin.langchain._construction import (
 from llm_resilience_plugin.langchain._convert import json_safe, to_openai_messages
 from llm_resilience_plugin.langchain._lifecycle import ClosesRouter
 from llm_resilience_plugin.langchain._recovery import AnsweredAgain, handed_over, new_run
-from llm_resilience_plugin.langchain._requests import ChatRequest, cache_key, prepare_request, run_config
+from llm_resilience_plugin.langchain._requests import ChatRequest, cache_key, chat_request, run_config
 from llm_resilience_plugin.langchain._tools import (
     StructuredOutputMethod,
     ToolLike,
@@ -356,7 +356,7 @@ class ResilientChatModel(ClosesRouter, BaseChatModel):
         """``BaseChatModel.invoke``, with ``config`` visible to the request (its deadline). A
         stream broken after content (LangChain streaming internally) is answered again whole
         inside the same call, and that answer is the result (see ``_recovery``)."""
-        with run_config(config, aggregating=True):
+        with run_config(config, aggregating=self):
             try:
                 return super().invoke(input, config, **kwargs)
             except AnsweredAgain as again:
@@ -365,7 +365,7 @@ class ResilientChatModel(ClosesRouter, BaseChatModel):
 
     async def ainvoke(self, input: LanguageModelInput, config: Any = None, **kwargs: Any) -> AIMessage:
         """``BaseChatModel.ainvoke``; a broken internal stream is recovered as in :meth:`invoke`."""
-        with run_config(config, aggregating=True):
+        with run_config(config, aggregating=self):
             try:
                 return await super().ainvoke(input, config, **kwargs)
             except AnsweredAgain as again:
@@ -397,10 +397,9 @@ class ResilientChatModel(ClosesRouter, BaseChatModel):
         """The router call for these messages and kwargs, delivering its events to ``run_manager``."""
         router = self.get_router()
         bridge_router(router)
-        group, params, deadline, cap = prepare_request(self, stop, kwargs)
-        sink = EventSink(run_manager, enabled=self.emit_events)
-        messages_out = to_openai_messages(messages)
-        return ChatRequest(router, self.model, group, messages_out, params, deadline, sink, deadline_cap=cap)
+        return chat_request(
+            self, router, messages, stop, kwargs, EventSink(run_manager, enabled=self.emit_events)
+        )
 
     def _generate(
         self,

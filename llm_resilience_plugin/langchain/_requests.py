@@ -19,7 +19,12 @@ from llm_resilience_plugin.errors import StreamInterruptedError
 from llm_resilience_plugin.events import CallReport, DeploymentInfo, StreamRestart, hidden_params_of
 from llm_resilience_plugin.langchain._bridge import EventSink, config_deadline
 from llm_resilience_plugin.langchain._construction import masked
-from llm_resilience_plugin.langchain._convert import StreamAssembler, generations_from_response, json_safe
+from llm_resilience_plugin.langchain._convert import (
+    StreamAssembler,
+    generations_from_response,
+    json_safe,
+    to_openai_messages,
+)
 from llm_resilience_plugin.langchain._recovery import AnsweredAgain, take_answer
 from llm_resilience_plugin.routing import (
     ResilientRouter,
@@ -37,15 +42,24 @@ LC_ONLY_KWARGS = frozenset({"stream", "ls_structured_output_format", "run_manage
 """LangChain-level kwargs that never go to the provider."""
 
 
-# Set while invoke/ainvoke run: a stream they open is one LangChain aggregates; a break after content
-# is recovered by answering the call again whole (see _recovery).
-AGGREGATING: ContextVar[bool] = ContextVar("llm_resilience_aggregating", default=False)
+# The model whose invoke/ainvoke is running: the stream it opens is one LangChain aggregates; a break
+# after content is recovered by answering the call again whole (see _recovery).
+AGGREGATING: ContextVar[object | None] = ContextVar("llm_resilience_aggregating", default=None)
+
+
+def claim_aggregation(model: object) -> bool:
+    """Is this request the one ``model``'s own invoke makes (then no other request in the run is:
+    a model called from a callback later is not aggregated, and must not be answered whole)?"""
+    if AGGREGATING.get() is not model:
+        return False
+    AGGREGATING.set(None)
+    return True
 
 
 @contextlib.contextmanager
-def run_config(config: Any, aggregating: bool = False) -> Iterator[None]:
+def run_config(config: Any, aggregating: object = None) -> Iterator[None]:
     """Make ``config`` the RunnableConfig of the call in progress (read by :func:`prepare_request`);
-    ``aggregating``: the call is an invoke that recovers its own broken streams."""
+    ``aggregating``: the model whose invoke this is (it aggregates its own stream)."""
     token = RUN_CONFIG.set(config)
     agg = AGGREGATING.set(aggregating)
     try:
@@ -110,6 +124,23 @@ def prepare_request(
         params.pop("tool_choice", None)
     own = deadline or timeout or defaults.timeout
     return PreparedRequest(group, params, own, config_deadline(RUN_CONFIG.get()))
+
+
+def chat_request(
+    model: RequestDefaults,
+    router: ResilientRouter,
+    messages: Sequence[Any],
+    stop: list[str] | None,
+    kwargs: Mapping[str, Any],
+    sink: EventSink,
+) -> ChatRequest:
+    """The router call of one chat model request (``messages`` as LangChain gives them)."""
+    group, params, deadline, cap = prepare_request(model, stop, kwargs)
+    aggregated = claim_aggregation(model)
+    return ChatRequest(
+        router, model.model, group, to_openai_messages(list(messages)), params, deadline, sink,
+        deadline_cap=cap, aggregated=aggregated,
+    )  # fmt: skip
 
 
 def cache_key(
@@ -213,6 +244,8 @@ class ChatRequest:
     sink: EventSink
     deadline_cap: float | None = None
     """What the run's config has left (the router caps the call's deadline with it)."""
+    aggregated: bool = False
+    """The request of an ``invoke`` whose stream LangChain aggregates (see :func:`claim_aggregation`)."""
 
     def params_for(self, stream: bool) -> dict[str, Any]:
         """The request's parameters; a stream asks for its usage chunk (usage_metadata needs it)."""
@@ -222,7 +255,7 @@ class ChatRequest:
         if not stream:
             return params
         options = {**(params.get("stream_options") or {}), "include_usage": True}
-        if AGGREGATING.get():  # a break after content: the call is answered again whole
+        if self.aggregated:  # a break after content: the call is answered again whole
             # True (the caller wants recovery) means the way an aggregated stream can take it.
             recover = params.get("recover_streams", "answer")
             return {

@@ -93,3 +93,24 @@ async def test_recover_streams_must_be_a_known_value(make_router: RouterFactory,
     with pytest.raises(ConfigError, match="recover_streams"):
         await router.acompletion(model="primary", messages=LONG, stream=True, recover_streams="whole")
     assert sim.count() == 0
+
+
+@pytest.mark.parametrize("mode", ["answer", True])
+async def test_a_caller_leaving_during_the_recovery_gets_its_report_published(
+    make_router: RouterFactory, sim, mode: Any
+) -> None:
+    import asyncio
+
+    seen: list[Any] = []
+    router = make_router({"primary": ["a"], "backup": ["b"]}, fallbacks=[{"primary": ["backup"]}])
+    sim.script("a", Fault.stream_cut(after_chunks=3))
+    sim.set_default("b", Fault.ok(latency=2.0))
+    stream = await router.acompletion(
+        model="primary", messages=LONG, stream=True, recover_streams=mode, listener=seen.append
+    )
+    reader = asyncio.ensure_future(_drain(stream))
+    await asyncio.sleep(0.5)  # the break happened; the recovery waits on the slow backup
+    reader.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await reader
+    assert [r.outcome for r in seen if isinstance(r, CallReport)] == ["cancelled"]

@@ -132,3 +132,23 @@ async def test_a_cost_handler_carries_the_reservation_to_the_answer(sim, sync: b
     assert handler.pending == 0
     assert [(r.deployment, r.stream) for r in sim.requests()] == [("a", True), ("b", False)]
     router.close()
+
+
+def test_the_log_handler_says_the_broken_run_was_answered_again(
+    make_router: RouterFactory, sim, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    from llm_resilience_plugin.langchain import StructuredLogCallbackHandler
+
+    handler = StructuredLogCallbackHandler()
+    caplog.set_level(logging.INFO, logger=handler.logger.name)
+    router = make_router({"primary": ["a"], "backup": ["b"]}, fallbacks=[{"primary": ["backup"]}])
+    llm = ResilientChatModel(router=router, model="primary", streaming=True)
+    sim.script("a", Fault.stream_cut(after_chunks=3))
+    llm.invoke(ASK, config={"callbacks": [handler]})
+    runs = [r for r in caplog.records if getattr(r, "llm_event_name", None) == "llm_run"]
+    assert [(r.llm_event["outcome"], r.levelno) for r in runs] == [  # type: ignore[attr-defined]
+        ("answered_again", logging.INFO),
+        ("success", logging.INFO),
+    ]

@@ -4,12 +4,9 @@ called meanwhile (from a callback) with another request is sent as usual."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from llm_resilience_plugin.errors import ErrorClass
 from llm_resilience_plugin.events import CallReport, StreamRestart
 from llm_resilience_plugin.langchain._recovery import AnsweredAgain, handed_over, take_answer
-from llm_resilience_plugin.langchain._requests import ChatRequest, run_config
 
 REQUEST = ("primary", [{"role": "user", "content": "hi"}], {"temperature": 0})
 
@@ -33,15 +30,6 @@ def test_the_answer_goes_once_to_the_same_request_on_the_same_router() -> None:
     with handed_over(exc, router):
         pass
     assert take_answer(router, REQUEST) is None  # not outside the block
-
-
-def test_a_stream_opened_by_invoke_asks_for_the_answer_mode_unless_the_caller_chose() -> None:
-    none: Any = None
-    with run_config(None, aggregating=True):
-        req = ChatRequest(none, "m", "primary", [], {}, None, none)
-        assert req.params_for(stream=True)["recover_streams"] == "answer"
-        own = ChatRequest(none, "m", "primary", [], {"recover_streams": False}, None, none)
-        assert own.params_for(stream=True)["recover_streams"] is False
 
 
 def test_the_answering_run_never_reuses_the_callers_run_id() -> None:
