@@ -8,6 +8,7 @@ report. The stream itself only relays chunks.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -147,6 +148,11 @@ class LiveAttempt:
     ) -> Recovered | None:
         """Resume the call elsewhere after this attempt broke (None: it could not; the report is
         then published as the original failure)."""
-        return await stream_recovery.recover(
-            self._engine, self._actx.call, self._actx, failure, messages, kwargs, shown, saw_tools=saw_tools
-        )
+        engine, call = self._engine, self._actx.call
+        try:
+            return await stream_recovery.recover(
+                engine, call, self._actx, failure, messages, kwargs, shown, saw_tools=saw_tools
+            )
+        except asyncio.CancelledError:  # the caller left while the call was going on elsewhere
+            stream_recovery.cancelled(engine, call)
+            raise

@@ -16,7 +16,6 @@ A prefill refused with a bad request is never surfaced (see :mod:`._engine.prefi
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -92,29 +91,8 @@ async def recover(
 ) -> Recovered | None:
     """Go on after ``broken``'s stream failed with ``shown`` delivered: by prefill where allowed,
     else from scratch (streamed, or whole for ``recover_streams="answer"``). None: nowhere
-    answered in time, and the report is published as ``failure``."""
-    try:
-        return await _go_on(engine, call, broken, failure, messages, kwargs, shown, saw_tools=saw_tools)
-    except asyncio.CancelledError:  # the caller left while the call was going on elsewhere
-        r = call.report
-        r.outcome = "cancelled"
-        r.total_latency_s = engine.clock.wall() - r.started_at
-        engine.emit(call, r)
-        raise
-
-
-async def _go_on(
-    engine: Engine,
-    call: CallState,
-    broken: AttemptContext,
-    failure: Failure,
-    messages: list[dict[str, Any]],
-    kwargs: dict[str, Any],
-    shown: str,
-    *,
-    saw_tools: bool,
-) -> Recovered | None:
-    """The recovery itself (:func:`recover` publishes the report if the caller leaves)."""
+    answered in time, and the report is published as ``failure``. A caller that leaves meanwhile
+    gets it published as ``cancelled`` (:func:`cancelled`)."""
     requested = call.report.requested_group
     if broken.picked is not None:
         call.avoid(broken.picked)  # go on somewhere else: this one just broke
@@ -157,6 +135,15 @@ async def _go_on(
         engine.emit(call, call.report)
         return Recovered(marker, result)
     return Recovered(StreamRestart(call.call_id, broken.group, shown, failure.error_class), result)
+
+
+def cancelled(engine: Engine, call: CallState) -> None:
+    """Publish the call's report as ``cancelled``: its caller left while the call was going on
+    elsewhere after a broken stream (nothing else publishes it: the walks were tentative)."""
+    r = call.report
+    r.outcome = "cancelled"
+    r.total_latency_s = engine.clock.wall() - r.started_at
+    engine.emit(call, r)
 
 
 def _unstreamed(kwargs: Mapping[str, Any]) -> dict[str, Any]:
