@@ -24,7 +24,7 @@ from llm_resilience_plugin._engine import prefill as prefill_state
 from llm_resilience_plugin._engine.core import router_resumes
 from llm_resilience_plugin._engine.drivers import walk_routes
 from llm_resilience_plugin.errors import Failure
-from llm_resilience_plugin.events import StreamRestart
+from llm_resilience_plugin.events import Outcome, StreamRestart
 
 if TYPE_CHECKING:
     from llm_resilience_plugin._engine.attempt import AttemptContext
@@ -71,11 +71,8 @@ def _out_of_time(engine: Engine, call: CallState) -> bool:
 
 def give_up(engine: Engine, call: CallState, failure: Failure) -> None:
     """Publish the call's report as the original mid-stream failure: no recovery worked."""
-    r = call.report
-    r.outcome = "failure"
-    r.error_class = failure.error_class
-    r.total_latency_s = engine.clock.wall() - r.started_at
-    engine.emit(call, r)
+    call.report.error_class = failure.error_class
+    _publish_end(engine, call, "failure")
 
 
 async def recover(
@@ -140,8 +137,13 @@ async def recover(
 def cancelled(engine: Engine, call: CallState) -> None:
     """Publish the call's report as ``cancelled``: its caller left while the call was going on
     elsewhere after a broken stream (nothing else publishes it: the walks were tentative)."""
+    _publish_end(engine, call, "cancelled")
+
+
+def _publish_end(engine: Engine, call: CallState, outcome: Outcome) -> None:
+    """The call ended during a recovery (the walks were tentative): its report, published once."""
     r = call.report
-    r.outcome = "cancelled"
+    r.outcome = outcome
     r.total_latency_s = engine.clock.wall() - r.started_at
     engine.emit(call, r)
 

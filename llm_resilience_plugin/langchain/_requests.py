@@ -152,7 +152,7 @@ def cache_key(
     """LangChain's LLM cache key of a call: the model group, what its deployments are (secrets
     redacted) and every parameter sent (bound tools, response format, ...), not the deadline."""
     group, params, _, _ = prepare_request(defaults, stop, kwargs)
-    params.pop("avoid_deployments", None)  # where a re-asked call goes, not what it asks
+    params.pop("avoid_deployments", None)  # where a call goes, not what it asks
     deployments = [d.get("litellm_params") for d in model_list if d.get("model_name") == group]
     key = {"type": "llm-resilience-chat", "group": group, "deployments": deployments, "params": params}
     try:

@@ -23,6 +23,7 @@ from llm_resilience_plugin._engine.core import (
     NO_OPTIONS,
     OPTION_KEYS,
     BeforeRetry,
+    CallOptions,
     CallState,
     positive_seconds,
     split_options,
@@ -91,10 +92,15 @@ class CallRunner:
         tier = None
         if opts.priority is not None or self.policy.default_tier is not None:
             tier = _tier_of(self.policy, opts.priority)[1]
-        pol = self.engine.policies[model]
-        return call_budget(
-            deadline, tier.deadline if tier is not None else None, pol.deadline, cap=opts.deadline_cap
-        )
+        return self._budget(model, deadline, tier, opts)
+
+    def _budget(
+        self, model: str, deadline: float | None, tier: TierPolicy | None, opts: CallOptions
+    ) -> float:
+        """The :func:`call_budget` rule for a call to ``model``: its own deadline, its tier's, the
+        group's policy's, capped by its ``deadline_cap``."""
+        pol = self.engine.policies[model].deadline
+        return call_budget(deadline, tier.deadline if tier is not None else None, pol, cap=opts.deadline_cap)
 
     def open_call(
         self,
@@ -140,10 +146,7 @@ class CallRunner:
         else:  # hashed only if read (a list is copied: appending to it later changes nothing)
             snapshot = list(messages) if isinstance(messages, list) else messages
             report.key_from(fingerprint, (keyed, snapshot, clean))
-        budget_s = call_budget(
-            deadline, tier.deadline if tier is not None else None, self.engine.policies[model].deadline,
-            cap=opts.deadline_cap,
-        )  # fmt: skip
+        budget_s = self._budget(model, deadline, tier, opts)
         clock = self.engine.clock
         deadline_at = Deadline(clock, clock.monotonic() + budget_s)  # Deadline.after, inline
         ctx = CallState(call_id, report, deadline_at, stream, listener, before_retry)  # as the report

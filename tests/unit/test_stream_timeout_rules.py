@@ -95,7 +95,7 @@ def test_the_idle_timeout_is_learned_only_for_a_stream_whose_break_is_recovered(
     assert engine.idle_timeout(_call(engine, "primary"), "primary") == 10.0  # recovery off (default)
     assert engine.idle_timeout(_call(engine, "primary", recover_streams=False), "primary") == 10.0
     assert engine.idle_timeout(_call(engine, "primary", recover_streams=True), "primary") == FLOOR
-    # the chat model's invoke recovers a broken stream itself (it asks again): learned
+    # a caller that recovers a broken stream itself says so (recovered_by_caller): learned
     assert engine.idle_timeout(_call(engine, "primary", recovered_by_caller=True), "primary") == FLOOR
     switched = _engine(restart_broken_streams=True)  # the router's switch, for every call
     _learn(switched, "primary", 0.001)
