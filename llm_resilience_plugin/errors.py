@@ -196,6 +196,15 @@ def as_provider_error(err: AllRoutesFailedError, root: BaseException) -> AllRout
     return err
 
 
+class RouterClosedError(ResilienceError, RuntimeError):
+    """The router was closed: a call made after ``close()``/``aclose()`` (nothing sent), or one
+    still in flight when the shutdown's grace period ended (cancelled; ``report`` says so)."""
+
+    def __init__(self, message: str, report: CallReport | None = None) -> None:
+        self.report = report
+        super().__init__(message)
+
+
 class StreamInterruptedError(ResilienceError):
     """A stream failed after content reached the caller; carries the partial text and the cause."""
 
@@ -235,6 +244,7 @@ __all__ = [
     "Failure",
     "LoadShedError",
     "ResilienceError",
+    "RouterClosedError",
     "StreamInterruptedError",
     "UnknownModelGroupError",
 ]

@@ -176,11 +176,19 @@ class GroupRetryState:
         ):
             limit = cp.max_retries if cp.action == "retry" else self.retry_on_max
             return self._take(f.error_class, limit)
+        if cp.action == "failover" and f.error_class is ErrorClass.AUTH and self._sibling_free():
+            return True  # another deployment of the group usually holds another key: go there first
         if cp.action != "retry":
             self.gave_up_reason = f"{f.error_class} is not retried ({cp.action})"
             return False
         allowed = cp.max_retries if self.retry_cap is None else min(cp.max_retries, self.retry_cap)
         return self._take(f.error_class, allowed)
+
+    def _sibling_free(self) -> bool:
+        """Is a deployment of the group this call has not failed on free now (breaker closed, no
+        hold)? An auth or quota error tries each such sibling once, as a fallback would: no
+        backoff (the wait sees the fresh one) and no retry-budget token."""
+        return self.fresh_elsewhere is not None and self.fresh_elsewhere()
 
     def _take(self, error_class: ErrorClass, allowed: int) -> bool:
         """Spend one of the class's ``allowed`` retries if any are left and the budget allows."""

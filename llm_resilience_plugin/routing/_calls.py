@@ -38,6 +38,7 @@ from llm_resilience_plugin.errors import (
     DeadlineExceededError,
     ErrorClass,
     LoadShedError,
+    RouterClosedError,
     UnknownModelGroupError,
 )
 from llm_resilience_plugin.events import (
@@ -49,6 +50,7 @@ from llm_resilience_plugin.events import (
     usage_of,
 )
 from llm_resilience_plugin.policy import ResiliencePolicy, RouterSpec, TierPolicy
+from llm_resilience_plugin.routing._shutdown import Shutdown, closed_error
 from llm_resilience_plugin.routing._streams import ResilientStream, StaticStream
 
 __all__ = ["CallRunner", "response_type"]
@@ -72,6 +74,7 @@ class CallRunner:
         self.store: IdempotencyStore | None = None
         self.ttl = 600.0
         self._single_flight = SingleFlight()
+        self.shutdown = Shutdown()  # close()/aclose(): refuse new calls, drain, cancel the rest
 
     def check_group(self, group: str) -> None:
         """Raise :class:`UnknownModelGroupError` unless ``group`` is one of the router's groups."""
@@ -115,6 +118,8 @@ class CallRunner:
     ) -> tuple[CallState, dict[str, Any]]:
         """Validate the call (nothing is sent on bad input) and split plugin options from kwargs;
         ``operation``: which LiteLLM call (its payload is checked by the caller when not chat)."""
+        if self.shutdown.closed:
+            raise closed_error()
         if type(model) is not str or model not in self.engine.group_deployments:
             self.check_group(model)
         if operation == "completion":
@@ -194,10 +199,37 @@ class CallRunner:
             ) from None
 
     async def complete(self, ctx: CallState, group: str, messages: Any, kwargs: dict[str, Any]) -> Any:
-        """A non-stream call, with the idempotency store and single-flight when configured."""
+        """A non-stream call, with the idempotency store and single-flight when configured; one
+        the router's shutdown cancels raises :class:`RouterClosedError` (its report: cancelled)."""
+        shutdown = self.shutdown
+        task = shutdown.enter()
+        try:
+            if self.store is None:
+                return await walk_routes(self.engine, ctx, group, messages, kwargs)
+            return await self._stored(ctx, group, messages, kwargs)
+        except asyncio.CancelledError:
+            if shutdown.was_cut(task):
+                raise self._cut_short(ctx) from None
+            raise
+        finally:
+            shutdown.leave(task)
+
+    def _cut_short(self, ctx: CallState) -> RouterClosedError:
+        """A call cancelled by the shutdown: its report published as cancelled, the error."""
+        r = ctx.report
+        r.outcome = "cancelled"
+        r.total_latency_s = self.engine.clock.wall() - r.started_at
+        self.engine.emit(ctx, r)
+        return RouterClosedError(
+            "the router was closed while this call was in flight: cancelled after the shutdown's "
+            "grace period (it counts against no deployment)",
+            r,
+        )
+
+    async def _stored(self, ctx: CallState, group: str, messages: Any, kwargs: dict[str, Any]) -> Any:
+        """:meth:`complete` with the idempotency store and single-flight."""
         store = self.store
-        if store is None:
-            return await walk_routes(self.engine, ctx, group, messages, kwargs)
+        assert store is not None
         key = ctx.report.idempotency_key
         assert key is not None  # set in open_call whenever a store is configured
         stored = store.get(key)
@@ -246,7 +278,16 @@ class CallRunner:
         self, ctx: CallState, group: str, messages: Any, kwargs: dict[str, Any]
     ) -> ResilientStream | StaticStream:
         """A stream call: the first route's :class:`ResilientStream` (or a static answer's)."""
-        result = await walk_routes(self.engine, ctx, group, messages, kwargs)
+        shutdown = self.shutdown
+        task = shutdown.enter()
+        try:
+            result = await walk_routes(self.engine, ctx, group, messages, kwargs)
+        except asyncio.CancelledError:
+            if shutdown.was_cut(task):
+                raise self._cut_short(ctx) from None
+            raise
+        finally:
+            shutdown.leave(task)
         assert isinstance(result, ResilientStream | StaticStream)
         return result
 

@@ -17,6 +17,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from llm_resilience_plugin._engine.drivers import SyncRunner
+from llm_resilience_plugin.routing._shutdown import closed_error
 
 __all__ = ["ClosingSyncRunner", "close_loop_clients"]
 
@@ -58,24 +59,42 @@ async def close_loop_clients() -> int:
 
 
 class ClosingSyncRunner(SyncRunner):
-    """The router's :class:`SyncRunner`: on :meth:`close`, LiteLLM's clients of its loop are
-    closed before the loop stops (only if a blocking call ever ran on it)."""
+    """The router's :class:`SyncRunner`: on :meth:`close`, what still runs on its loop is
+    cancelled and LiteLLM's clients of the loop are closed before it stops (only if a blocking
+    call ever ran on it). Once closed it runs nothing more (no new loop thread)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.used = False
+        self.closed = False
 
     def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
         """Run ``coro`` on the private loop (see :meth:`SyncRunner.run`)."""
+        if self.closed:
+            coro.close()  # never started: no "coroutine was never awaited" warning
+            raise closed_error()
         self.used = True
         return super().run(coro)
 
     def close(self) -> None:
-        """Close LiteLLM's clients of the private loop, then the loop (idempotent)."""
+        """Cancel what runs on the private loop, close LiteLLM's clients of it, then the loop
+        (idempotent)."""
+        self.closed = True
         if self.used and threading.current_thread().name != _LOOP_THREAD:
             self.used = False
             try:
-                super().run(asyncio.wait_for(close_loop_clients(), 2.0))
-            except Exception:  # closing must not fail: the loop still stops
+                super().run(asyncio.wait_for(self._wind_down(), 3.0))
+            except (Exception, asyncio.CancelledError):  # closing must not fail: the loop still stops
                 pass
         super().close()
+
+    async def _wind_down(self) -> None:
+        """On the private loop: cancel what still runs there (a stream being read), then close
+        LiteLLM's clients, so nothing in flight meets a closed client (a ``connection`` error)."""
+        here = asyncio.current_task()
+        left = [t for t in asyncio.all_tasks() if t is not here and not t.done()]
+        for task in left:
+            task.cancel()
+        if left:
+            await asyncio.wait(left, timeout=1.0)
+        await close_loop_clients()

@@ -9,7 +9,9 @@ idempotency store) by the router's ``calls`` (``_calls.CallRunner``); the loop i
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import math
 import os
 import weakref
 from collections.abc import Callable, Mapping
@@ -22,7 +24,7 @@ import litellm
 from llm_resilience_plugin._engine.breakers import DeploymentBreaker
 from llm_resilience_plugin._engine.clock import Clock
 from llm_resilience_plugin._engine.core import BeforeRetry
-from llm_resilience_plugin._engine.drivers import SyncRunner, walk_routes
+from llm_resilience_plugin._engine.drivers import SyncRunner
 from llm_resilience_plugin._engine.engine import Engine
 from llm_resilience_plugin._engine.idempotency import IdempotencyStore, open_store
 from llm_resilience_plugin._engine.retry import RetryBudget
@@ -52,6 +54,7 @@ from llm_resilience_plugin.routing._direct import dispatcher_for
 from llm_resilience_plugin.routing._dispatch import RouterDispatcher
 from llm_resilience_plugin.routing._operations import EndpointsMixin
 from llm_resilience_plugin.routing._shared import SharedWiring
+from llm_resilience_plugin.routing._shutdown import DEFAULT_GRACE
 from llm_resilience_plugin.routing._streams import ResilientStream, StaticStream, SyncResilientStream
 
 
@@ -354,8 +357,6 @@ class ResilientRouter(EndpointsMixin):
         ctx, kwargs = calls.open_call(model, messages, stream, deadline, listener, before_retry, kwargs)
         if stream:
             return await calls.stream(ctx, model, messages, kwargs)
-        if calls.store is None:  # one coroutine layer fewer on the common path
-            return await walk_routes(self.engine, ctx, model, messages, kwargs)
         return await calls.complete(ctx, model, messages, kwargs)
 
     def completion(
@@ -378,10 +379,31 @@ class ResilientRouter(EndpointsMixin):
             return SyncResilientStream(astream, calls.sync)
         return calls.run_sync(calls.complete(ctx, model, messages, kwargs))
 
-    def close(self) -> None:
-        """Release the private loop used by sync calls and, with the last router, LiteLLM's hook."""
+    def close(self, grace: float = DEFAULT_GRACE) -> None:
+        """Shut down: refuse new calls (:class:`RouterClosedError`), wait up to ``grace``
+        seconds for the calls in flight, cancel the rest (reported ``cancelled``, counted against
+        no deployment), then release the private loop, LiteLLM's clients on it and, with the last
+        router, LiteLLM's hook. From inside a running event loop prefer :meth:`aclose`: calls on
+        that loop cannot finish while this blocks, so they are cancelled at once."""
+        grace = _grace(grace)
+        self.calls.shutdown.drain(grace)
+        self._release()
+
+    async def aclose(self, grace: float = DEFAULT_GRACE) -> None:
+        """The async twin of :meth:`close`: calls on this loop go on during the grace period."""
+        grace = _grace(grace)
+        await self.calls.shutdown.adrain(grace)
+        await asyncio.to_thread(self._release)
+
+    def _release(self) -> None:
         self._detach_observability()
         self._finalizer()
+
+
+def _grace(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+        raise ConfigError("grace", "must be a number of seconds >= 0 (how long calls in flight may finish)")
+    return float(value)
 
 
 def get_report(obj: Any) -> CallReport | None:
