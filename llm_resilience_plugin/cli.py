@@ -102,8 +102,10 @@ def _build(spec: Any) -> tuple[Any, list[Problem], dict[str, Any]]:
     """Build the router (and the cost guard, on a memory ledger) offline, as ``from_config`` would;
     also which dispatcher each group uses and why."""
     from llm_resilience_plugin.cost import cost_guard_from_config
+    from llm_resilience_plugin.policy import offline_spec
     from llm_resilience_plugin.routing import ResilientRouter
 
+    spec = offline_spec(spec)  # check never hands LiteLLM a Redis, cache or webhook of the config
     guard = None
     try:
         with contextlib.redirect_stdout(io.StringIO()):

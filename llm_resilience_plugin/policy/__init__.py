@@ -22,6 +22,7 @@ from llm_resilience_plugin.policy._models import (
     TierPolicy,
 )
 from llm_resilience_plugin.policy._observability import ObservabilityPolicy, ObservabilitySwitch
+from llm_resilience_plugin.policy._offline import LOCAL_ROUTER_SETTINGS, local_router_settings, offline_spec
 from llm_resilience_plugin.policy._spec import (
     OWNED_ROUTER_SETTINGS,
     TOP_LEVEL_KEYS,
@@ -38,6 +39,7 @@ from llm_resilience_plugin.policy._spec import (
 )
 
 __all__ = [
+    "LOCAL_ROUTER_SETTINGS",
     "OWNED_ROUTER_SETTINGS",
     "STREAM_TIMEOUT_DEFAULT",
     "TOP_LEVEL_KEYS",
@@ -63,6 +65,8 @@ __all__ = [
     "build_spec",
     "config_problems",
     "load_config",
+    "local_router_settings",
+    "offline_spec",
     "read_config",
     "router_setting_names",
     "spec_from_mapping",

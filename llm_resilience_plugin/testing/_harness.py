@@ -16,6 +16,7 @@ from typing import Any
 
 from llm_resilience_plugin._engine.clock import Clock
 from llm_resilience_plugin.events import AttemptInfo
+from llm_resilience_plugin.policy import offline_spec
 from llm_resilience_plugin.routing import ResilientRouter
 from llm_resilience_plugin.testing._fault_spec import behavior_from_data
 from llm_resilience_plugin.testing._faults import Behavior
@@ -63,7 +64,8 @@ class ChaosHarness:
             primary=primary,
             fallbacks=config.spec.fallback_chain(primary, None),
         )
-        spec = config.spec.model_copy(update={"model_list": self.target.model_list})
+        # Offline: no Redis, cache, webhook or real ledger of the config reaches the router.
+        spec = offline_spec(config.spec.model_copy(update={"model_list": self.target.model_list}))
         self.router = ResilientRouter.from_spec(
             spec, clock=clock, seed=7, guards=[TimelineGuard(self)], shared_state=False
         )

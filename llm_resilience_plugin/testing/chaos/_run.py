@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llm_resilience_plugin.events import BreakerTransition, StreamRestart
-from llm_resilience_plugin.policy import RouterSpec
+from llm_resilience_plugin.policy import RouterSpec, local_router_settings, offline_spec
 from llm_resilience_plugin.testing._simulator import ProviderSimulator, RequestRecord
 from llm_resilience_plugin.testing.chaos._scenario import Scenario
 from llm_resilience_plugin.testing.chaos._target import Target, simulated_target
@@ -35,7 +35,6 @@ __all__ = [
 
 SYSTEMS = ("plugin", "litellm")
 CALL_CAP = 90.0  # seconds: a call still running then is abandoned and counted as failed
-_REDIS_KEYS = ("redis_url", "redis_host", "redis_port", "redis_password")
 _TOOL = {
     "type": "function",
     "function": {
@@ -253,10 +252,11 @@ def _build(system: str, spec: RouterSpec, raw_settings: dict[str, Any], target: 
         from llm_resilience_plugin.routing import ResilientRouter
 
         update: dict[str, Any] = {"model_list": target.model_list, "cost": _cost_section(spec, sc)}
-        return ResilientRouter.from_spec(spec.model_copy(update=update), seed=7, shared_state=False)
+        local = offline_spec(spec.model_copy(update=update))  # nothing leaves the machine
+        return ResilientRouter.from_spec(local, seed=7, shared_state=False)
     import litellm
 
-    settings = {k: v for k, v in raw_settings.items() if k not in _REDIS_KEYS}
+    settings, _ = local_router_settings(raw_settings)
     return litellm.Router(model_list=target.model_list, **settings)
 
 

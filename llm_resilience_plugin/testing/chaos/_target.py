@@ -11,12 +11,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from llm_resilience_plugin._redaction import is_secret_key
 from llm_resilience_plugin.errors import ConfigError
 
 __all__ = ["DIALECTS", "Deployment", "Target", "provider_of", "simulated_target"]
 
 _ENV_PREFIX = "os.environ/"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+# Deployment parameters that send a request somewhere else, or carry credentials for it.
+_ELSEWHERE = frozenset({"base_url", "extra_headers", "headers", "vertex_credentials", "aws_profile_name"})
 
 # provider -> how to point a deployment at the simulator: (params, sim base URL, sim deployment).
 # The OpenAI dialect is the fallback for every provider without its own.
@@ -144,10 +147,12 @@ def simulated_target(
     seen: dict[str, int] = {}
     for i, entry in enumerate(model_list):
         group = str(entry["model_name"])
-        params = {
+        params = {  # no environment lookup, no credential, no other endpoint than the simulator
             k: v
             for k, v in dict(entry.get("litellm_params") or {}).items()
             if not (isinstance(v, str) and v.startswith(_ENV_PREFIX))
+            and k not in _ELSEWHERE
+            and not is_secret_key(str(k))
         }
         info = dict(entry.get("model_info") or {})
         dep_id = str(info.get("id") or f"{group}-{seen.get(group, 0)}")
