@@ -131,7 +131,23 @@ def _build(spec: Any) -> tuple[Any, list[Problem], dict[str, Any]]:
         )
     dispatch = router.dispatch_plan()
     router.close()
-    return guard, [], dispatch
+    return guard, _unbounded_warnings(guard), dispatch
+
+
+def _unbounded_warnings(guard: Any) -> list[Problem]:
+    """Deployments the cost guard bounds with its conservative default (no maximum output known)."""
+    from llm_resilience_plugin.cost import UNKNOWN_MAX_OUTPUT
+
+    return [
+        Problem(
+            "cost.default_max_tokens",
+            f"deployment {dep!r}: no maximum output is known, so a call without max_tokens is "
+            f"reserved {UNKNOWN_MAX_OUTPUT} output tokens; set cost.default_max_tokens or the "
+            "deployment's model_info.max_output_tokens",
+            "warning",
+        )
+        for dep in (guard.estimator.unbounded if guard is not None else [])
+    ]
 
 
 def _describe(spec: Any, guard: Any, dispatch: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -226,7 +242,7 @@ def _check(path: str, as_json: bool) -> int:
     if not errors and spec is not None:
         guard, built, dispatch = _build(spec)
         problems += built
-        errors += built
+        errors += [p for p in built if p.severity == "error"]
     if not errors and spec is not None:
         out = _describe(spec, guard, dispatch)
     if guard is not None:

@@ -8,6 +8,7 @@ from llm_resilience_plugin.cost._config import (
     cost_config_problems,
     cost_guard_from_config,
 )
+from llm_resilience_plugin.cost._estimate import UNKNOWN_MAX_OUTPUT
 from llm_resilience_plugin.cost._guard import CostGuard, Ticket
 from llm_resilience_plugin.cost._ledger import (
     NANO,
@@ -28,6 +29,7 @@ from llm_resilience_plugin.cost._sqlite_ledger import SQLiteLedger
 
 __all__ = [
     "NANO",
+    "UNKNOWN_MAX_OUTPUT",
     "Budget",
     "BudgetAlert",
     "BudgetConfig",

@@ -29,6 +29,15 @@ if TYPE_CHECKING:
     from llm_resilience_plugin.events import DeploymentInfo
     from llm_resilience_plugin.routing._router import ResilientRouter
 
+# The output tokens reserved for a call without max_tokens to a model whose maximum output is
+# unknown (no default_max_tokens, nothing in LiteLLM's map or the deployment's model_info): a
+# conservative bound (twice gpt-4o's maximum output), so such a fallback never fails mid-outage
+# for want of one. ``llm-resilience check`` names the deployments it applies to.
+UNKNOWN_MAX_OUTPUT = 32_768
+
+# Deployment modes whose calls produce no output tokens (nothing to bound).
+_NO_OUTPUT = frozenset({"embedding", "rerank", "moderation", "audio_transcription"})
+
 TokenCounter = Callable[[str, list[dict[str, Any]]], int]
 PriceResolver = Callable[[str], Any]
 
@@ -75,6 +84,7 @@ class CostEstimator:
         self._token_counter = token_counter
         self.prices = PriceBook(prices, unknown_model)
         self._router: ResilientRouter | None = None
+        self.unbounded: list[str] = []  # deployments of the bound router reserved UNKNOWN_MAX_OUTPUT
         self._resolver: PriceResolver | None = None
 
     def set_sources(
@@ -107,11 +117,17 @@ class CostEstimator:
         ``unknown_model="error"``) and let the LangChain handler map its group names to them."""
         from llm_resilience_plugin.cost._operations import image_price
 
+        unbounded: list[str] = []
         for d in router.deployments():
-            if (d.params or {}).get("mode") == "image_generation":
+            mode = (d.params or {}).get("mode")
+            if mode == "image_generation":
                 image_price(d, None, None)  # priced per image, not per token
-            else:
-                self.prices.for_deployment(d)
+                continue
+            price = self.prices.for_deployment(d)
+            if mode not in _NO_OUTPUT and self.default_max_tokens is None and not price.max_output_tokens:
+                # Bounded by UNKNOWN_MAX_OUTPUT when a call sets no max_tokens (check warns).
+                unbounded.append(d.id)
+        self.unbounded = unbounded
         self._router = router
 
     def count_prompt_tokens(
@@ -157,11 +173,7 @@ class CostEstimator:
         elif price.max_output_tokens:
             out = price.max_output_tokens
         else:
-            raise ConfigError(
-                "max_tokens",
-                f"cannot bound the output of {model or 'this model'!r}: set max_tokens on the "
-                "request or CostGuard(default_max_tokens=...)",
-            )
+            out = UNKNOWN_MAX_OUTPUT
         copies = int(n) if is_number(n) and n >= 1 else 1
         return out * copies
 

@@ -170,6 +170,7 @@ class PriceBook:
             params.get("input_cost_per_token"),
             params.get("output_cost_per_token"),
             params.get("base_model"),
+            params.get("max_output_tokens"),
         )
         with self._lock:
             hit = self._cache.get(key)
@@ -191,6 +192,14 @@ class PriceBook:
             if info is not None:
                 break
         mot: Any = (info.get("max_output_tokens") or info.get("max_tokens")) if info else None
+        declared = params.get("max_output_tokens")  # the deployment's model_info says so
+        if declared is not None:
+            if not is_number(declared) or declared < 1:
+                raise ConfigError(
+                    "max_output_tokens",
+                    f"deployment {where or model!r}: must be a positive number of tokens, got {declared!r}",
+                )
+            mot = declared
         max_out = int(mot) if is_number(mot) else None
         inp, out = params.get("input_cost_per_token"), params.get("output_cost_per_token")
         if inp is not None or out is not None:

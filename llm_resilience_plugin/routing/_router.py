@@ -78,7 +78,8 @@ def _deployment_info(d: Mapping[str, Any]) -> DeploymentInfo:
         params={
             k: (mask_url(v) if isinstance(v, str) else v)
             for k, v in params.items()
-            if "key" not in k and "secret" not in k and "token" not in k.replace("per_token", "")
+            if ("key" not in k and "secret" not in k and "token" not in k.replace("per_token", ""))
+            or (k.endswith("_tokens") and type(v) is int)  # token counts (max_output_tokens) are no secret
         },
     )
 

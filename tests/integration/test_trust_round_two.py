@@ -164,3 +164,64 @@ async def test_aclose_drains_async_calls_on_its_loop_then_cancels_what_is_left(
     assert all(b["fail_counter"] == 0 for b in slow.breakers().values())
     with pytest.raises(ConfigError, match="grace"):
         await slow.aclose(grace=-1)
+
+
+# -- a fallback never dies on a budget ---------------------------------------------------------------
+
+
+def _haiku_fallback_config(sim: ProviderSimulator, **cost: object) -> dict:
+    return {
+        "model_list": [
+            deployment(sim, "primary", "a"),
+            {
+                "model_name": "backup",
+                "litellm_params": {  # the docs' fallback: priced here, no max output in LiteLLM's map
+                    "model": "anthropic/claude-3-5-haiku-latest",
+                    "api_base": sim.anthropic_base("h"),
+                    "api_key": "sk-ant-sim",
+                    "input_cost_per_token": 8e-7,
+                    "output_cost_per_token": 4e-6,
+                },
+                "model_info": {"id": "h"},
+            },
+        ],
+        "router_settings": {"fallbacks": [{"primary": ["backup"]}]},
+        "resilience": FAST_POLICY,
+        "cost": {"budgets": [{"period": "day", "limit": 5}], **cost},
+    }
+
+
+async def test_a_fallback_whose_output_litellm_cannot_bound_answers_in_the_primarys_outage(
+    sim: ProviderSimulator,
+) -> None:
+    from llm_resilience_plugin.cost import UNKNOWN_MAX_OUTPUT
+
+    router = ResilientRouter.from_config(_haiku_fallback_config(sim))
+    sim.set_default("a", Fault.http_error(503))
+    try:
+        (guard,) = router.guards
+        assert guard.estimator.unbounded == ["h"]  # bounded by the documented default
+        resp = await router.acompletion(model="primary", messages=MSG)  # no max_tokens
+        report = get_report(resp)
+        assert report is not None and report.served_group == "backup"
+        assert resp.choices[0].message.content
+        assert sim.count("h") == 1
+        reserved = guard.estimate(
+            guard.candidates_for_deployments(router.deployments("backup")), messages=MSG
+        )
+        assert reserved[2] == UNKNOWN_MAX_OUTPUT
+    finally:
+        router.close()
+    # Declared on the deployment (or cost.default_max_tokens), that bound is used instead.
+    cfg = _haiku_fallback_config(sim)
+    cfg["model_list"][1]["model_info"]["max_output_tokens"] = 8192
+    router = ResilientRouter.from_config(cfg)
+    try:
+        (guard,) = router.guards
+        assert guard.estimator.unbounded == []
+        assert (
+            guard.estimate(guard.candidates_for_deployments(router.deployments("backup")), messages=MSG)[2]
+            == 8192
+        )
+    finally:
+        router.close()

@@ -16,7 +16,7 @@ from typing import Any, TextIO
 from llm_resilience_plugin.errors import ConfigError
 from llm_resilience_plugin.policy import RouterSpec, config_problems, read_config
 from llm_resilience_plugin.testing._simulator import ProviderSimulator
-from llm_resilience_plugin.testing.chaos._metrics import advice, measure
+from llm_resilience_plugin.testing.chaos._metrics import advice, measure, unpriced
 from llm_resilience_plugin.testing.chaos._plot import write_plot
 from llm_resilience_plugin.testing.chaos._report import (
     Row,
@@ -192,15 +192,20 @@ def run_chaos(
     table = render_table(rows)
     out(f"{config_path}: {len(rows)} scenario(s) on group {primary_group(config)!r}, {wall:.1f} s\n")
     out(table)
+    free = unpriced(runs[0][0].target.deployments) if runs else []
+    if free:
+        out("\nUnpriced (their answers show as $0; set input_cost_per_token/output_cost_per_token):")
+        for dep in free:
+            out(f"  - {dep.group}/{dep.id}: {dep.model}")
     tips = [tip for r in rows for tip in r.advice]
     if tips:
         out("\nAdvice:")
         for tip in tips:
             out(f"  - {tip}")
     if json_path is not None:
-        Path(json_path).write_text(
-            json.dumps(to_json(config_path, rows, config.settings, failures, wall), indent=2)
-        )
+        doc = to_json(config_path, rows, config.settings, failures, wall)
+        doc["unpriced"] = [{"group": d.group, "id": d.id, "model": d.model} for d in free]
+        Path(json_path).write_text(json.dumps(doc, indent=2))
         out(f"\nJSON: {json_path}")
     if plot_path is not None:
         out(f"Plot: {write_plot(plot_path, runs, table)}")

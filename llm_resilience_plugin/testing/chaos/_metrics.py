@@ -14,7 +14,7 @@ from llm_resilience_plugin.testing._simulator import RequestRecord
 from llm_resilience_plugin.testing.chaos._run import RunResult, call_tag
 from llm_resilience_plugin.testing.chaos._target import Deployment
 
-__all__ = ["Metrics", "advice", "measure", "percentile", "request_failed", "served_by"]
+__all__ = ["Metrics", "advice", "measure", "percentile", "request_failed", "served_by", "unpriced"]
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -64,6 +64,22 @@ def _price(dep: Deployment, prompt: int, completion: int) -> float:
         return float(cin) + float(cout)
     except Exception:
         return 0.0
+
+
+def unpriced(deployments: Sequence[Deployment]) -> list[Deployment]:
+    """The deployments whose spend the scorecard cannot count (no price in the config, none in
+    LiteLLM's bundled map): their answers show as $0."""
+    out = []
+    for dep in deployments:
+        if dep.prices is not None:
+            continue
+        try:
+            import litellm
+
+            litellm.cost_per_token(model=dep.model, prompt_tokens=1, completion_tokens=1)
+        except Exception:
+            out.append(dep)
+    return out
 
 
 def _dead_route_requests(run: RunResult, spec: RouterSpec) -> int:
