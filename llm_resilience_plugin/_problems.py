@@ -7,6 +7,7 @@ Below every layer (like ``_redaction``): the policy and the cost section both re
 from __future__ import annotations
 
 import difflib
+import math
 import types
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -87,6 +88,37 @@ def field_path(prefix: str, *parts: Any) -> str:
     for p in parts:
         out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
     return out
+
+
+_MAX_DEPTH = 64  # no config nests deeper; a YAML that does is refused, not recursed into
+
+
+def shape_problems(value: Any, field: str) -> list[Problem]:
+    """What no config can mean, found before anything walks it: a mapping or list containing
+    itself (a recursive YAML alias: ``RecursionError`` later), nesting deeper than any config
+    needs, a number that is not finite (``.nan``, ``.inf``: silently ignored or refused later)."""
+    problems: list[Problem] = []
+    on_path: set[int] = set()
+
+    def walk(v: Any, where: str, depth: int) -> None:
+        if isinstance(v, float) and not math.isfinite(v):
+            problems.append(Problem(where, f"is {v!r}: give a finite number, or leave the field out"))
+        elif isinstance(v, Mapping | list | tuple):
+            if id(v) in on_path:
+                problems.append(
+                    Problem(where, "contains itself (a recursive YAML alias): write the value out")
+                )
+                return
+            if depth >= _MAX_DEPTH:
+                problems.append(Problem(where, f"nests deeper than {_MAX_DEPTH} levels"))
+                return
+            on_path.add(id(v))
+            for k, x in v.items() if isinstance(v, Mapping) else enumerate(v):
+                walk(x, field_path(where, k), depth + 1)
+            on_path.discard(id(v))
+
+    walk(value, field, 0)
+    return problems
 
 
 def _where(loc: Sequence[Any], data: Any) -> list[Any]:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from llm_resilience_plugin import _env  # noqa: F401  (offline LiteLLM settings before import)
-from llm_resilience_plugin._problems import Problem, closest
+from llm_resilience_plugin._problems import Problem, closest, shape_problems
 from llm_resilience_plugin._redaction import is_secret_key, mask_url, register_secret, scrub
 from llm_resilience_plugin.errors import ConfigError
 
@@ -44,9 +44,11 @@ def _strings(value: Any, field: str) -> Iterator[tuple[str, str, str]]:
             yield from _strings(v, f"{field}[{i}]")
 
 
-def _env_problems(raw: Mapping[str, Any]) -> list[Problem]:
-    """``os.environ/NAME`` references whose variable is unset or empty (named, never printed), and
-    every secret in the config registered for scrubbing from what this command prints."""
+def _env_problems(raw: Mapping[str, Any], without_secrets: bool = False) -> list[Problem]:
+    """``os.environ/NAME`` references whose variable is unset or empty (named, never printed;
+    warnings ``without_secrets``: a CI job checking a config has no keys), and every secret in
+    the config registered for scrubbing from what this command prints."""
+    severity: Any = "warning" if without_secrets else "error"
     problems = []
     for section in ("model_list", "router_settings", "cost"):
         for field, key, value in _strings(raw.get(section), section):
@@ -57,9 +59,13 @@ def _env_problems(raw: Mapping[str, Any]) -> list[Problem]:
             name = value.removeprefix(ENV_PREFIX)
             resolved = os.environ.get(name)
             if resolved is None:
-                problems.append(Problem(field, f"environment variable {name} is not set (read by {value})"))
+                problems.append(
+                    Problem(field, f"environment variable {name} is not set (read by {value})", severity)
+                )
             elif not resolved:
-                problems.append(Problem(field, f"environment variable {name} is empty (read by {value})"))
+                problems.append(
+                    Problem(field, f"environment variable {name} is empty (read by {value})", severity)
+                )
             else:
                 register_secret(resolved)
     return problems
@@ -224,17 +230,20 @@ def _print_policy(path: str, spec: Any, out: dict[str, Any]) -> None:
             print(f"  budget {b['name']}: ${b['limit']:g} per {b['period']}{scope}")
 
 
-def _check(path: str, as_json: bool) -> int:
+def _check(path: str, as_json: bool, without_secrets: bool = False) -> int:
     from llm_resilience_plugin.cost import cost_config_problems
     from llm_resilience_plugin.policy import config_problems, read_config
+    from llm_resilience_plugin.testing.chaos import chaos_problems
 
     raw = read_config(path)
     spec, problems = config_problems(raw, source=path)
-    if isinstance(raw, Mapping):
-        problems += _env_problems(raw)
+    # Walked further only when config_problems could walk it (no recursive alias, no NaN).
+    if isinstance(raw, Mapping) and not any(shape_problems(v, str(k)) for k, v in raw.items()):
+        problems += _env_problems(raw, without_secrets)
         if isinstance(raw.get("cost"), Mapping):
             problems += cost_config_problems(raw["cost"])
         problems += _provider_problems(raw.get("model_list"))
+        problems += chaos_problems(raw, spec.groups if spec is not None else ())
     errors = [p for p in problems if p.severity == "error"]
     guard: Any = None
     dispatch: dict[str, Any] = {}
@@ -348,8 +357,49 @@ def _report(ledger: str | None, config: str | None, since: str | None, as_json: 
         except ValueError:
             raise ConfigError("--since", "expected an ISO date such as 2026-11-01") from None
     rep = _open_report(_ledger_url(ledger, config), create, start)
-    print(json.dumps(rep.to_dict(), indent=2) if as_json else rep)
+    declared = _declared_budgets(config, rep) if config is not None else None
+    if as_json:
+        doc = rep.to_dict()
+        if declared is not None:
+            doc["declared_budgets"] = declared
+        print(json.dumps(doc, indent=2))
+        return 0
+    print(rep)
+    if declared is not None:
+        print(f"budgets declared in {config}:" if declared else f"no budgets declared in {config}")
+        for b in declared:
+            scope = f" per {b['scope']}" if b["scope"] else ""
+            now = f"; current windows: spent ${b['spent']:.6f}, reserved ${b['reserved']:.6f}"
+            print(f"  {b['name']:<32} ${b['limit']:g} per {b['period']}{scope}{now}")
     return 0
+
+
+def _declared_budgets(config: str, rep: Any) -> list[dict[str, Any]]:
+    """The budgets the config's ``cost:`` section declares, each with what the ledger's current
+    windows hold for it (a budget nothing was charged to yet shows $0)."""
+    from llm_resilience_plugin.cost import CostConfig
+    from llm_resilience_plugin.policy import read_config
+
+    raw = read_config(config)
+    cost = raw.get("cost") if isinstance(raw, Mapping) else None
+    try:
+        budgets = [b.budget() for b in CostConfig.model_validate(dict(cost or {})).budgets]
+    except Exception:
+        raise ConfigError("--config", f"{config}: invalid cost section; run llm-resilience check") from None
+    out = []
+    for b in budgets:
+        usage = [u for u in rep.budgets if u.budget == b.name]
+        out.append(
+            {
+                "name": b.name,
+                "limit": b.limit,
+                "period": b.period,
+                "scope": b.scope,
+                "spent": sum(u.spent for u in usage),
+                "reserved": sum(u.reserved for u in usage),
+            }
+        )
+    return out
 
 
 def _simulator(host: str, port: int, deployments: str) -> int:
@@ -390,6 +440,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c.add_argument("config", help="a LiteLLM proxy-style YAML with optional resilience: and cost: sections")
     c.add_argument("--json", action="store_true", help="print JSON instead of text")
+    c.add_argument(
+        "--no-secrets",
+        action="store_true",
+        help="for CI without the keys: an unset os.environ/ variable is a warning, not an error",
+    )
     r = sub.add_parser("report", help="print spend from a cost-guard ledger (by day, model, scope)")
     where = r.add_mutually_exclusive_group(required=True)
     where.add_argument("--ledger", help="the ledger URL, e.g. sqlite:///spend.db or redis://host:6379/0")
@@ -437,7 +492,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
         return asyncio.run(run_demo(args.calls))
     if args.command == "check":
-        return _check(args.config, args.json)
+        return _check(args.config, args.json, args.no_secrets)
     if args.command == "report":
         return _report(args.ledger, args.config, args.since, args.json, args.create)
     if args.command == "simulator":

@@ -20,6 +20,7 @@ from llm_resilience_plugin._problems import (
     model_list_problems,
     pydantic_problems,
     raise_errors,
+    shape_problems,
 )
 from llm_resilience_plugin.errors import ConfigError, ErrorClass
 from llm_resilience_plugin.policy._models import Model, ResiliencePolicy
@@ -227,6 +228,10 @@ def spec_problems(
     """Every problem of a Router config plus policy, and its :class:`RouterSpec` when none is an
     error (warnings: owned settings ignored, timeouts longer than the deadline, fallback cycles)."""
     settings = dict(router_settings or {})
+    shapes = shape_problems(model_list, "model_list") + shape_problems(settings, "router_settings")
+    shapes += shape_problems(cost, "cost") + shape_problems(policy, "resilience")
+    if shapes:  # nothing below may walk a recursive value; a NaN would be ignored or refused later
+        return None, shapes
     groups, problems = model_list_problems(model_list)
     pol, policy_problems = _policy(policy)
     problems += policy_problems + _settings_problems(settings)
@@ -322,6 +327,9 @@ def config_problems(raw: Any, source: str = "config") -> tuple[RouterSpec | None
     """Every problem of a parsed config file (the YAML's top level), and its spec if it has no error."""
     if not isinstance(raw, Mapping):
         return None, [Problem(source, "the top level must be a mapping with model_list")]
+    shapes = [p for k, v in raw.items() for p in shape_problems(v, str(k))]
+    if shapes:
+        return None, shapes
     expected = "; expected model_list, router_settings, resilience, cost"
     hints = {str(k): closest(str(k), TOP_LEVEL_KEYS) or expected for k in raw if k not in TOP_LEVEL_KEYS}
     problems = [Problem(k, "unknown top-level key" + hint) for k, hint in hints.items()]

@@ -74,7 +74,13 @@ def _check_status(name: str, value: int, low: int = 100, high: int = 599) -> int
 
 
 def _check_retry_after(value: float | str | None) -> float | str | None:
-    if value is None or isinstance(value, str):
+    if value is None:
+        return value
+    if isinstance(value, str):  # sent as a header value: a line break would split the response
+        if not value.strip() or not value.isprintable():
+            raise ValueError(
+                f"retry_after must be a printable header value without line breaks, got {value!r}"
+            )
         return value
     return check_seconds("retry_after", value)
 

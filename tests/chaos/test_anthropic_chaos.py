@@ -28,7 +28,7 @@ def test_an_anthropic_deployment_is_pointed_at_the_messages_endpoint() -> None:
         spec.model_list, base_url="http://127.0.0.1:1", prefix="s", primary="primary", fallbacks=["fallback"]
     )
     spare = t.model_list[1]["litellm_params"]
-    assert spare["model"] == "anthropic/claude-3-5-haiku-latest"
+    assert spare["model"] == "anthropic/claude-haiku-4-5"
     assert (spare["api_base"], spare["api_key"]) == ("http://127.0.0.1:1/s-spare", "sk-chaos")
     assert [d.dialect for d in t.deployments] == ["openai", "anthropic"]
 

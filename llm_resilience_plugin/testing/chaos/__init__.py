@@ -2,7 +2,7 @@
 
 from llm_resilience_plugin.testing.chaos._command import ChaosConfig, load_chaos_config, run_chaos
 from llm_resilience_plugin.testing.chaos._metrics import Metrics, measure
-from llm_resilience_plugin.testing.chaos._report import ChaosSettings
+from llm_resilience_plugin.testing.chaos._report import ChaosSettings, chaos_problems
 from llm_resilience_plugin.testing.chaos._run import CallResult, RunResult, run_scenario
 from llm_resilience_plugin.testing.chaos._scenario import (
     Phase,
@@ -21,6 +21,7 @@ __all__ = [
     "RunResult",
     "Scenario",
     "builtin_scenarios",
+    "chaos_problems",
     "load_chaos_config",
     "load_scenario",
     "measure",

@@ -76,8 +76,12 @@ def unpriced(deployments: Sequence[Deployment]) -> list[Deployment]:
         try:
             import litellm
 
-            litellm.cost_per_token(model=dep.model, prompt_tokens=1, completion_tokens=1)
+            info = litellm.get_model_info(dep.model)
+            # a Router registers an unmapped model at $0: that is no price either
+            priced = bool(info.get("input_cost_per_token") or info.get("output_cost_per_token"))
         except Exception:
+            priced = False
+        if not priced:
             out.append(dep)
     return out
 

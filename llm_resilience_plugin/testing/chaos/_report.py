@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from llm_resilience_plugin._problems import Problem, closest, pydantic_problems
 from llm_resilience_plugin.errors import ConfigError
 from llm_resilience_plugin.testing.chaos._metrics import Metrics
 
-__all__ = ["ChaosSettings", "Row", "chaos_settings", "render_table", "threshold_failures", "to_json"]
+__all__ = [
+    "ChaosSettings",
+    "Row",
+    "chaos_problems",
+    "chaos_settings",
+    "render_table",
+    "threshold_failures",
+    "to_json",
+]
 
 
 class ChaosSettings(BaseModel):
@@ -27,15 +36,33 @@ class ChaosSettings(BaseModel):
     model: str | None = Field(default=None, description="The model group the calls ask for.")
 
 
+def chaos_problems(raw: Any, groups: Sequence[str] = ()) -> list[Problem]:
+    """Every problem of the ``chaos:`` section of a parsed config (the closest name for a
+    misspelt key; ``model`` must name one of ``groups`` when they are given)."""
+    section = raw.get("chaos") if isinstance(raw, Mapping) else None
+    if section is None:
+        return []
+    if not isinstance(section, Mapping):
+        return [Problem("chaos", f"expected a mapping, got {type(section).__name__}")]
+    try:
+        settings = ChaosSettings.model_validate(dict(section))
+    except ValidationError as exc:
+        return pydantic_problems(exc, "chaos", section, ChaosSettings)
+    if settings.model is not None and groups and settings.model not in groups:
+        hint = closest(settings.model, list(groups))
+        return [
+            Problem("chaos.model", f"no model group {settings.model!r} (groups: {', '.join(groups)}){hint}")
+        ]
+    return []
+
+
 def chaos_settings(raw: Any) -> ChaosSettings:
     """The ``chaos:`` section of a parsed config (``ConfigError`` naming the field)."""
+    problems = chaos_problems(raw)
+    if problems:
+        raise ConfigError(problems[0].field, problems[0].message)
     section = raw.get("chaos") if isinstance(raw, Mapping) else None
-    try:
-        return ChaosSettings.model_validate(section or {})
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise ConfigError(f"chaos.{where}", str(first["msg"]).removeprefix("Value error, ")) from None
+    return ChaosSettings.model_validate(section or {})
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from llm_resilience_plugin.testing._fault_spec import FaultSpec
 
 __all__ = ["Phase", "Scenario", "builtin_scenarios", "load_scenario", "scenario_from_mapping"]
 
+MAX_SENDING_S = 3600.0  # a paced scenario sends its calls within an hour (rate: 1e-300 never ends)
 _HEALTHY = FaultSpec(kind="ok", ttft=0.02, chunk_delay=0.002)
 
 
@@ -78,6 +79,11 @@ class Scenario(_Strict):
     def _one_load(self) -> Scenario:
         if self.concurrency is not None and self.rate is not None:
             raise ValueError("give either concurrency (a closed loop) or rate (calls per second)")
+        if self.rate is not None and self.calls / self.rate > MAX_SENDING_S:
+            raise ValueError(
+                f"rate: {self.calls} calls at {self.rate:g}/s take {self.calls / self.rate:.3g} s to send; "
+                f"a scenario sends its calls within {MAX_SENDING_S:g} s: raise rate or lower calls"
+            )
         return self
 
     @property
