@@ -37,9 +37,9 @@ class PaceLearning:
     headroom: float
     configured: Limits | None
     limits: Limits
-    _lock: threading.Lock
-    _sent: deque[tuple[float, bool]]
-    _queue: list[Any]
+    lock: threading.Lock
+    sends: deque[tuple[float, bool]]
+    waiting: list[Any]
     _level: float
     _tlevel: float
     _updated: float
@@ -47,7 +47,7 @@ class PaceLearning:
     _last_429: float
     _last_decrease: float
     _last_increase: float
-    _last_bound: float
+    last_bound: float
     _learned_from: tuple[float, float] | None
     _ss_over: bool
     _ss_acks: int
@@ -57,24 +57,24 @@ class PaceLearning:
     def limited(self) -> bool:
         raise NotImplementedError
 
-    _pending_learn: tuple[float, float] | None = None
+    pending_learn: tuple[float, float] | None = None
     _learned_at = 0.0
-    _rate_at_429 = math.inf  # the pace a 429 last lowered (the increase slows near it)
+    rate_at_429 = math.inf  # the pace a 429 last lowered (the increase slows near it)
 
     def answered_at(self, sent_at: float) -> None:
         """A request sent at ``sent_at`` (monotonic) was accepted: the first pace counts these
         (one that ends after the pace was set raises it to what was really accepted)."""
-        self._sent.append((sent_at, False))
+        self.sends.append((sent_at, False))
         if not self._ss_over:
             self._ss_acks += 1
         learned = self._learned_from
         if learned is not None and learned[0] - LEARN_WINDOW <= sent_at <= learned[0]:
-            with self._lock:
+            with self.lock:
                 at, hold = learned
                 lim = self.limits
                 if lim.source != "learned" or lim.requests_per_s is None:
                     return
-                accepted = sum(1 for t, refused in self._sent if at - LEARN_WINDOW <= t <= at and not refused)
+                accepted = sum(1 for t, refused in self.sends if at - LEARN_WINDOW <= t <= at and not refused)
                 if accepted / hold > lim.requests_per_s and self._last_decrease <= self._learned_at:
                     lim.requests_per_s = accepted / hold
                     lim.request_burst = max(lim.request_burst, min(float(accepted), lim.requests_per_s))
@@ -99,29 +99,29 @@ class PaceLearning:
         """A 429 for a request sent ``latency`` seconds ago: hold for its Retry-After, and set or
         lower the pace (from its headers, else additive-increase/multiplicative-decrease)."""
         now = self.clock.monotonic()
-        with self._lock:
+        with self.lock:
             self.refused += 1
             self._ss_over = True  # the limit is found: the pace takes over from slow start
-            self._sent.append((now - latency, True))
+            self.sends.append((now - latency, True))
             self._last_429 = now
             if grant is not None and grant.tokens and self.limits.tokens_per_s is not None:
                 self._tlevel = min(self.limits.token_burst, self._tlevel + grant.tokens)  # not counted
             hold = retry_after
-            adopted = self._adopt_headers(headers, now) if headers else False
+            adopted = self.adopt_headers(headers, now) if headers else False
             lim = self.limits
             if not adopted and self.learn:
                 if lim.requests_per_s is None:
-                    if self._pending_learn is None:
+                    if self.pending_learn is None:
                         # The first pace: what the deployment accepted in the window before this
                         # refusal, counted when the hold ends (once the wave's refusals are in).
-                        self._pending_learn = (now - latency, max(hold or LEARN_WINDOW, LEARN_WINDOW))
+                        self.pending_learn = (now - latency, max(hold or LEARN_WINDOW, LEARN_WINDOW))
                     lim.source = "learned"
                     if hold is None:
                         hold = LEARN_WINDOW
-                elif (self._queue or self._level < 1.0) and now - self._last_decrease >= min(
+                elif (self.waiting or self._level < 1.0) and now - self._last_decrease >= min(
                     1.0, 1.0 / lim.requests_per_s
                 ):  # only a 429 met while sending at the pace lowers it (not a stray one)
-                    self._rate_at_429 = lim.requests_per_s
+                    self.rate_at_429 = lim.requests_per_s
                     lim.requests_per_s = max(1.0 / 60.0, lim.requests_per_s * DECREASE)
                     self._last_decrease = now
             if hold is None and lim.requests_per_s:
@@ -133,26 +133,26 @@ class PaceLearning:
 
     def settle_learning(self) -> None:
         """Turn a pending first estimate into a pace once its hold has ended."""
-        if self._pending_learn is None:
+        if self.pending_learn is None:
             return
-        with self._lock:
-            self._settle(self.clock.monotonic())
+        with self.lock:
+            self.settle_locked(self.clock.monotonic())
 
-    def _settle(self, now: float) -> None:
+    def settle_locked(self, now: float) -> None:
         """:meth:`settle_learning` with the lock held: the first pace is the requests the
         deployment accepted in the window before its first refusal, over the hold it asked for."""
-        pending = self._pending_learn
+        pending = self.pending_learn
         if pending is None or now < self._hold_until:
             return
         at, hold = pending
-        self._pending_learn = None
+        self.pending_learn = None
         lim = self.limits
         if lim.requests_per_s is not None:
             return
         start = at - LEARN_WINDOW
-        accepted = sum(1 for t, refused in self._sent if start <= t <= at and not refused)
+        accepted = sum(1 for t, refused in self.sends if start <= t <= at and not refused)
         lim.requests_per_s = max(1.0 / 60.0, accepted / hold) if accepted else 1.0 / hold
-        self._rate_at_429 = lim.requests_per_s  # what it accepted is as high as it is known to go
+        self.rate_at_429 = lim.requests_per_s  # what it accepted is as high as it is known to go
         lim.request_burst = max(1.0, min(float(accepted), lim.requests_per_s))
         self._level = lim.request_burst  # the provider refilled while it held us off
         self._learned_from, self._learned_at = pending, now
@@ -160,7 +160,7 @@ class PaceLearning:
         self._last_increase = now
         self._last_decrease = now
 
-    def _adopt_headers(self, headers: Mapping[str, Any], now: float) -> bool:
+    def adopt_headers(self, headers: Mapping[str, Any], now: float) -> bool:
         """Set the limits the provider's headers state (configured limits cap them); lock held."""
         if not self.learn and self.configured is None:
             return False
@@ -194,18 +194,18 @@ class PaceLearning:
                 self._tlevel = min(self._tlevel, tok.remaining)
         if changed and lim.source != "config":
             lim.source = "headers"
-        self._pending_learn = None
+        self.pending_learn = None
         return changed
 
     def forget_if_idle(self) -> None:
         """Drop a learned limit after a quiet minute (no 429, the pace not binding)."""
         lim = self.limits
-        if lim.source not in ("learned", "headers") or self._queue:
+        if lim.source not in ("learned", "headers") or self.waiting:
             return
         now = self.clock.monotonic()
-        if now - self._last_429 > FORGET_AFTER and now - self._last_bound > FORGET_AFTER:
-            with self._lock:
-                if self._queue:
+        if now - self._last_429 > FORGET_AFTER and now - self.last_bound > FORGET_AFTER:
+            with self.lock:
+                if self.waiting:
                     return
                 if self.configured is not None:
                     c = self.configured

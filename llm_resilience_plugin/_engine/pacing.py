@@ -104,7 +104,7 @@ class Pace(PaceLearning):
         self.headroom = headroom
         self.shared = shared
         self.fail_closed = fail_closed
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()
         self.configured = configured
         self.limits = Limits()
         if configured is not None:
@@ -120,13 +120,13 @@ class Pace(PaceLearning):
         self._tlevel = self.limits.token_burst
         self._updated = now
         self._hold_until = 0.0
-        self._queue: list[Waiter] = []
+        self.waiting: list[Waiter] = []
         self._last_429 = -math.inf
         self._last_decrease = -math.inf
         self._last_increase = now
-        self._last_bound = -math.inf  # when the pace last made a call wait
+        self.last_bound = -math.inf  # when the pace last made a call wait
         # Requests sent recently: (sent at, refused?) - the first pace learned from 429s alone.
-        self._sent: deque[tuple[float, bool]] = deque(maxlen=4096)
+        self.sends: deque[tuple[float, bool]] = deque(maxlen=4096)
         self._learned_from: tuple[float, float] | None = None  # the window the first pace counted
         self.inflight = 0  # requests sent through admission and not ended
         self._ss_start: float | None = None  # slow start began (None: not started; see above)
@@ -150,7 +150,7 @@ class Pace(PaceLearning):
             or lim.tokens_per_s is not None
             or (self._ss_start is not None and not self._ss_over)
             or self._hold_until > self.clock.monotonic()
-            or bool(self._queue)
+            or bool(self.waiting)
         )
 
     def _window(self, now: float) -> float:
@@ -174,7 +174,7 @@ class Pace(PaceLearning):
         """Traffic is about to move here for a rate limit elsewhere: ramp up again, unless a
         limit is known or the deployment was in use lately."""
         if self._ss_over and self.limits.requests_per_s is None and self.inflight == 0:
-            with self._lock:
+            with self.lock:
                 self._ss_over, self._ss_start, self._ss_mark, self._ss_acks = False, None, None, 0
 
     def ended(self, grant: Grant | None) -> None:
@@ -183,9 +183,9 @@ class Pace(PaceLearning):
             return
         grant.counted = False
         now = self.clock.monotonic()
-        with self._lock:
+        with self.lock:
             self.inflight = max(0, self.inflight - 1)
-            if self._queue:
+            if self.waiting:
                 self._grant_due(now)
 
     @property
@@ -201,13 +201,13 @@ class Pace(PaceLearning):
 
     @property
     def queued(self) -> int:
-        return len(self._queue)
+        return len(self.waiting)
 
     def snapshot(self) -> dict[str, Any]:
         """The effective limits and where they come from, the queue and the counters."""
         lim = self.limits
         now = self.clock.monotonic()
-        with self._lock:
+        with self.lock:
             self._refill(now)
             return {
                 "deployment_id": self.deployment_id,
@@ -216,7 +216,7 @@ class Pace(PaceLearning):
                 "tpm": round(lim.tokens_per_s * 60, 1) if lim.tokens_per_s else None,
                 "request_burst": lim.request_burst,
                 "token_burst": lim.token_burst,
-                "queued": len(self._queue),
+                "queued": len(self.waiting),
                 "held_for_s": round(max(0.0, self._hold_until - now), 3),
                 "granted": self.granted,
                 "provider_429s": self.refused,
@@ -235,14 +235,14 @@ class Pace(PaceLearning):
             self._level = min(lim.request_burst, self._level + dt * lim.requests_per_s)
         if lim.tokens_per_s is not None:
             self._tlevel = min(lim.token_burst, self._tlevel + dt * lim.tokens_per_s)
-        if self._queue and lim.requests_per_s is not None and now - self._last_increase >= 1.0:
+        if self.waiting and lim.requests_per_s is not None and now - self._last_increase >= 1.0:
             # Additive increase while the pace binds and no 429 came for a second, up to the
             # configured limit (a limit the headers state is exact: it is not probed).
             cap = self._cap()
             if now - self._last_429 >= 1.0 and lim.source != "headers" and lim.requests_per_s < cap:
                 steps = int(now - self._last_increase)
                 step = max(1.0, INCREASE_SHARE * lim.requests_per_s)
-                if lim.requests_per_s >= 0.9 * self._rate_at_429:
+                if lim.requests_per_s >= 0.9 * self.rate_at_429:
                     step *= 0.1  # near the rate the last 429 came at: probe, do not push (CUBIC's plateau)
                 lim.requests_per_s = min(cap, lim.requests_per_s + steps * step)
             self._last_increase = now
@@ -286,9 +286,9 @@ class Pace(PaceLearning):
                 )
         if lim.requests_per_s:
             wait = max(wait, (ahead_requests - self._level) / lim.requests_per_s)
-        elif self._pending_learn is not None:  # first pace not known yet: what it is likely to be
-            at, span = self._pending_learn
-            accepted = sum(1 for t, refused in self._sent if at - LEARN_WINDOW <= t <= at and not refused)
+        elif self.pending_learn is not None:  # first pace not known yet: what it is likely to be
+            at, span = self.pending_learn
+            accepted = sum(1 for t, refused in self.sends if at - LEARN_WINDOW <= t <= at and not refused)
             rate = max(1.0, accepted) / span
             wait = hold + max(0.0, ahead_requests - max(1.0, accepted)) / rate
         if lim.tokens_per_s and ahead_tokens > 0:
@@ -299,7 +299,7 @@ class Pace(PaceLearning):
     def _ahead(self, rank: int, seq: int) -> tuple[float, float]:
         """Requests and tokens queued ahead of (rank, seq), itself included."""
         n, toks = 0.0, 0.0
-        for w in self._queue:
+        for w in self.waiting:
             if not w.gone and (w.rank, w.seq) <= (rank, seq):
                 n += 1.0
                 toks += min(w.tokens, self.limits.token_burst) if self.limits.tokens_per_s else 0.0
@@ -309,9 +309,9 @@ class Pace(PaceLearning):
         """Run the slow-start clock while calls wait, stop it when none do (lock held)."""
         if self._ss_over:
             return
-        if self._queue and self._ss_mark is None:
+        if self.waiting and self._ss_mark is None:
             self._ss_mark = now
-        elif not self._queue and self._ss_mark is not None:
+        elif not self.waiting and self._ss_mark is not None:
             self._ss_start = (self._ss_start or 0.0) + now - self._ss_mark
             self._ss_mark = None
 
@@ -325,7 +325,7 @@ class Pace(PaceLearning):
     def _grant_heads(self, now: float) -> None:
         if self._hold_until > now:
             return
-        q = self._queue
+        q = self.waiting
         while q:
             head = q[0]
             if head.gone:
@@ -361,9 +361,9 @@ class Pace(PaceLearning):
     def try_take(self, tokens: float = 0.0) -> bool:
         """Take a slot at once if nobody waits and one is free (no queue, no sleep)."""
         now = self.clock.monotonic()
-        with self._lock:
+        with self.lock:
             self._refill(now)
-            if self._queue or self._hold_until > now or not self._fits(tokens):
+            if self.waiting or self._hold_until > now or not self._fits(tokens):
                 return False
             if not self._shared_take(tokens):
                 return False
@@ -374,7 +374,7 @@ class Pace(PaceLearning):
     def estimate(self, rank: int, tokens: float = 0.0) -> float:
         """Seconds a call of tier ``rank`` would wait if it joined the queue now."""
         now = self.clock.monotonic()
-        with self._lock:
+        with self.lock:
             self._refill(now)
             n, toks = self._ahead(rank, math.inf)  # type: ignore[arg-type]
             tb = self.limits.token_burst
@@ -384,15 +384,15 @@ class Pace(PaceLearning):
     def join(self, rank: int, tokens: float = 0.0) -> Waiter:
         """Queue a waiter (it is granted by :meth:`wait_async` / :meth:`wait_blocking`)."""
         w = Waiter(rank, next(_SEQ), tokens)
-        with self._lock:
-            heapq.heappush(self._queue, w)
+        with self.lock:
+            heapq.heappush(self.waiting, w)
             self._track_slow_start(self.clock.monotonic())
         return w
 
     def leave(self, w: Waiter) -> None:
         """``w`` stops waiting (cancelled, gave up); a slot it was granted is given back."""
         now = self.clock.monotonic()
-        with self._lock:
+        with self.lock:
             if w.granted and not w.gone:
                 lim = self.limits
                 if lim.requests_per_s is not None:
@@ -402,19 +402,19 @@ class Pace(PaceLearning):
                 if self.shared is not None:
                     self.shared.refund(w.tokens)
             w.gone = True
-            self._queue = [x for x in self._queue if not x.gone]
-            heapq.heapify(self._queue)
+            self.waiting = [x for x in self.waiting if not x.gone]
+            heapq.heapify(self.waiting)
             self._grant_due(now)
 
     def _next_wait(self, w: Waiter, now: float) -> float | None:
         """Grant what is due; None when ``w`` got its slot, else seconds until its turn (lock held)."""
-        self._settle(now)
+        self.settle_locked(now)
         self._refill(now)
         self._grant_due(now)
         if w.granted:
             return None
         n, toks = self._ahead(w.rank, w.seq)
-        self._last_bound = now
+        self.last_bound = now
         return max(0.001, self._wait_for(n, toks, now))
 
     def turn(
@@ -425,7 +425,7 @@ class Pace(PaceLearning):
         (monotonic; a learned pace's estimate is a guess, so it gives up only once the time is
         out); else ``(None, seconds to sleep)`` with ``wake`` set to be signalled early."""
         now = self.clock.monotonic()
-        with self._lock:
+        with self.lock:
             wait = self._next_wait(w, now)
             if wait is None:
                 self._done(w, now - started)
@@ -449,21 +449,21 @@ class Pace(PaceLearning):
         """An answer: settle its token reservation, adopt the limits its headers give; True when
         the deployment is paced afterwards."""
         now = self.clock.monotonic()
-        with self._lock:
+        with self.lock:
             if tokens_used is not None and self.limits.tokens_per_s is not None:
                 delta = tokens_reserved - tokens_used
                 self._tlevel = min(self.limits.token_burst, self._tlevel + delta)
                 if self.shared is not None and delta:
                     self.shared.refund(delta)
             if headers:
-                self._adopt_headers(headers, now)
+                self.adopt_headers(headers, now)
             self._grant_due(now)
         return self.limited
 
     def give_back(self, grant: Grant) -> None:
         """An attempt that took a slot sent nothing: the slot and its tokens come back."""
         now = self.clock.monotonic()
-        with self._lock:
+        with self.lock:
             if grant.counted:
                 grant.counted = False
                 self.inflight = max(0, self.inflight - 1)
