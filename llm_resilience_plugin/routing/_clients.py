@@ -11,6 +11,7 @@ only this router's calls run on that loop) and drops them from LiteLLM's cache.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import inspect
 import threading
 from collections.abc import Coroutine
@@ -74,7 +75,12 @@ class ClosingSyncRunner(SyncRunner):
             coro.close()  # never started: no "coroutine was never awaited" warning
             raise closed_error()
         self.used = True
-        return super().run(coro)
+        try:
+            return super().run(coro)
+        except (asyncio.CancelledError, concurrent.futures.CancelledError):
+            if self.closed:  # cancelled by close() (a sync stream read while the router closed)
+                raise closed_error() from None
+            raise
 
     def close(self) -> None:
         """Cancel what runs on the private loop, close LiteLLM's clients of it, then the loop

@@ -225,3 +225,33 @@ async def test_a_fallback_whose_output_litellm_cannot_bound_answers_in_the_prima
         )
     finally:
         router.close()
+
+
+def test_a_sync_stream_read_while_the_router_closes_ends_cancelled_never_counted(
+    sim: ProviderSimulator,
+) -> None:
+    router = _router(sim)
+    for d in ("a", "b"):
+        sim.set_default(d, Fault.ok(text="word " * 200, chunk_delay=0.05))
+    stream = router.completion(model="primary", messages=MSG, stream=True)
+    got: list = []
+    ended: list = []
+
+    def read() -> None:
+        try:
+            for chunk in stream:
+                got.append(chunk)
+        except Exception as exc:
+            ended.append(exc)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    while len(got) < 3:
+        time.sleep(0.01)
+    router.close(grace=0.1)
+    reader.join(10)
+    assert len(ended) == 1 and isinstance(ended[0], RouterClosedError), ended
+    assert stream.report.outcome == "cancelled"
+    assert all(b["fail_counter"] == 0 for b in router.breakers().values())
+    assert sim.count() == 1  # not recovered elsewhere
+    assert _no_sync_thread_left()
