@@ -121,7 +121,7 @@ def _decide(
         if not p.admits:
             return (_pin(engine, group, d), None), None, 0.0, tokens, 0.0, 0.0
         if p.try_take(tokens):
-            return (_pin(engine, group, d), Grant(d, tokens, 0.0)), None, 0.0, tokens, 0.0, 0.0
+            return (_pin(engine, group, d), p.grant(tokens, 0.0)), None, 0.0, tokens, 0.0, 0.0
     rank = engine.paces.rank_of(call)
     wait, dep = min((paces[d].estimate(rank, tokens), d) for d in ids)
     pol = engine.policies[group]
@@ -168,7 +168,7 @@ def _queued(engine: Engine, call: CallState, group: str, pace: Pace, waited: flo
     engine.emit(
         call, Paced(call.call_id, group, pace.deployment_id, waited, call.report.priority, pace.queued)
     )
-    return _pin(engine, group, pace.deployment_id), Grant(pace.deployment_id, tokens, waited)
+    return _pin(engine, group, pace.deployment_id), pace.grant(tokens, waited)
 
 
 # How often a waiter with sibling deployments looks whether one of them has a slot (seconds).

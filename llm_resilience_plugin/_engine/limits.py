@@ -72,12 +72,16 @@ class HeaderLimit:
     reset_s: float | None
 
     def rate(self) -> float | None:
-        """The refill rate these values imply: what was used comes back over the reset time."""
+        """The refill rate these values imply: what was used comes back over the reset time
+        (``remaining`` is rounded down: up to one request less was used, so count one less - never
+        faster than the truth); None when the reading is too coarse to tell."""
         if self.limit <= 0:
             return None
         used = self.limit - self.remaining
-        if self.reset_s and self.reset_s > 0 and used > 0:
-            return used / self.reset_s
+        # Only a reading with enough used is precise (a rounded-down remaining of a nearly full
+        # bucket over a reset of a few milliseconds says little).
+        if self.reset_s and self.reset_s > 0 and used >= max(3.0, 0.5 * self.limit):
+            return (used - 1.0) / self.reset_s
         return None
 
 

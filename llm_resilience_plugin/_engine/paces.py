@@ -79,7 +79,7 @@ class Paces(dict[str, Pace]):
         if grant is not None and grant.tokens and usage:
             used = float(usage.get("total_tokens") or 0) or None
         if (pace.wants_headers(headers) or grant is not None) and pace.on_answer(
-            headers, grant.tokens if grant is not None else 0.0, used
+            headers, grant.tokens if grant is not None else 0.0, used, grant.serial if grant else pace.granted
         ):
             self.on = True
 
