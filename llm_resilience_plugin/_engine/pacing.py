@@ -39,7 +39,7 @@ from llm_resilience_plugin._engine.pace_learning import INCREASE_SHARE, LEARN_WI
 # deployment takes our load), and so does a 429 (the pace takes over). So a burst into an unknown
 # limit does not send everything at once, and a healthy deployment costs one round trip, once.
 SLOW_START_WINDOW = 32
-SLOW_START_DOUBLING = 1.0
+SLOW_START_DOUBLING = 2.0
 SLOW_START_OPEN = 1024
 # The output tokens a request without max_tokens reserves against a token limit (corrected when
 # its usage is known).
