@@ -295,10 +295,9 @@ def test_a_429_ends_slow_start_and_the_pace_takes_over():
 async def test_async_waiters_are_granted_in_tier_order():
     from llm_resilience_plugin._engine.admission import _wait_async
 
-    pace, _clock = _paced(600, burst=1)
+    pace = Pace("d", Clock(), configured=Limits(50.0, 1.0, None, 0.0, "config"))  # 50/s, real time
     assert pace.try_take()
     order: list[str] = []
-
     waiters = {name: pace.join(rank) for name, rank in (("p2", 2), ("p1", 1), ("p0", 0))}  # all queued
 
     async def wait(name: str) -> None:
