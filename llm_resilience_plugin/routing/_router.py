@@ -248,6 +248,7 @@ class ResilientRouter(EndpointsMixin):
             guards=list(guards or []),
             backend_for=wiring.backend_for if wiring.shared is not None else None,
             bucket_for=wiring.bucket_for if wiring.shared is not None else None,
+            pace_for=wiring.pace_for if wiring.shared is not None else None,
             shared_breakers=wiring.wanted,
         )
         # Direct dispatch where it is proven equivalent to the Router for this config (policy
