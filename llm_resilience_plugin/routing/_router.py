@@ -312,6 +312,11 @@ class ResilientRouter(EndpointsMixin):
         """State per deployment id: state, fail_counter, generation, probes in flight, retry_at."""
         return self.engine.breakers.snapshot()
 
+    def paces(self) -> dict[str, dict[str, Any]]:
+        """Rate-limit pacing per deployment id: the effective rpm/tpm and where they come from
+        (``config``, ``headers``, ``learned``, ``none``), calls queued, slots granted, 429s seen."""
+        return self.engine.paces.snapshot()
+
     def breaker(self, deployment_id: str) -> DeploymentBreaker:
         """The circuit breaker of one deployment."""
         return self.engine.breakers[deployment_id]

@@ -192,3 +192,32 @@ async def test_a_healthy_router_never_asks_for_admission_once_warm(make_router: 
     assert not router.engine.paces.on  # past slow start, nothing limited: the fast path
     results = await asyncio.gather(*(router.acompletion(model="primary", messages=MSG) for _ in range(50)))
     assert all(get_report(r).paced == 0 for r in results)  # type: ignore[union-attr]
+
+
+async def test_prometheus_shows_queue_limit_grants_and_waits_by_tier(make_router: RouterFactory, sim):
+    pytest.importorskip("prometheus_client")
+    from prometheus_client import CollectorRegistry
+
+    from llm_resilience_plugin.observability import instrument
+
+    router = make_router(
+        {"primary": ["a"]},
+        policy={"deadline": 30, "pacing": {"limits": {"primary": {"rpm": 600}}}},
+        clock=Clock(),
+    )
+    registry = CollectorRegistry()
+    detach = instrument(router, otel="off", registry=registry)
+    try:
+        await asyncio.gather(
+            *(router.acompletion(model="primary", messages=MSG, priority="P2") for _ in range(15))
+        )
+        labels = {"group": "primary", "deployment": "a"}
+        assert registry.get_sample_value("llm_resilience_pacing_limit_rpm", labels) == pytest.approx(570)
+        assert registry.get_sample_value("llm_resilience_pacing_granted_total", labels) == 15
+        assert registry.get_sample_value("llm_resilience_pacing_queued", labels) == 0
+        waits = registry.get_sample_value(
+            "llm_resilience_pacing_wait_seconds_count", {**labels, "priority": "P2"}
+        )
+        assert waits is not None and waits >= 4  # the calls past the burst of 10 waited
+    finally:
+        detach()
