@@ -444,7 +444,12 @@ class Engine:
             call.mark_failed(dep)
             # A long silence then an error is a silent deployment whatever the class says (a
             # connection held 15 s then dropped): never wait on it twice in one call.
-            silent = actx.timeout_s > 0 and latency > actx.timeout_s / 2
+            # (A 429 is an answer, however slowly it came: the pace handles it.)
+            silent = (
+                actx.timeout_s > 0
+                and latency > actx.timeout_s / 2
+                and failure.error_class is not ErrorClass.RATE_LIMIT
+            )
             if self.avoid_failed and (silent or not pol.classes[failure.error_class].same_deployment):
                 call.avoid(dep)
         sent = actx.sent or (dep is not None and failure.error_class is not ErrorClass.CIRCUIT_OPEN)
