@@ -293,7 +293,7 @@ def test_a_429_ends_slow_start_and_the_pace_takes_over():
 
 
 async def test_async_waiters_are_granted_in_tier_order():
-    from llm_resilience_plugin._engine.admission import _wait_async
+    from llm_resilience_plugin._engine.admission import wait_async
 
     pace = Pace("d", Clock(), configured=Limits(50.0, 1.0, None, 0.0, "config"))  # 50/s, real time
     assert pace.try_take()
@@ -301,7 +301,7 @@ async def test_async_waiters_are_granted_in_tier_order():
     waiters = {name: pace.join(rank) for name, rank in (("p2", 2), ("p1", 1), ("p0", 0))}  # all queued
 
     async def wait(name: str) -> None:
-        assert await _wait_async(pace, waiters[name], float("inf"), float("inf"), None) == "granted"
+        assert await wait_async(pace, waiters[name], float("inf"), float("inf"), None) == "granted"
         order.append(name)
 
     await asyncio.gather(wait("p2"), wait("p1"), wait("p0"))
@@ -310,12 +310,12 @@ async def test_async_waiters_are_granted_in_tier_order():
 
 
 async def test_a_cancelled_async_waiter_leaves_the_queue():
-    from llm_resilience_plugin._engine.admission import _wait_async
+    from llm_resilience_plugin._engine.admission import wait_async
 
     pace = Pace("d", Clock(), configured=Limits(1.0, 1.0, None, 0.0, "config"))
     assert pace.try_take()
     w = pace.join(1)
-    task = asyncio.ensure_future(_wait_async(pace, w, float("inf"), float("inf"), None))
+    task = asyncio.ensure_future(wait_async(pace, w, float("inf"), float("inf"), None))
     await asyncio.sleep(0.01)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -324,7 +324,7 @@ async def test_a_cancelled_async_waiter_leaves_the_queue():
 
 
 def test_blocking_waiters_on_many_threads_each_get_one_slot_at_the_pace():
-    from llm_resilience_plugin._engine.admission import _wait_blocking
+    from llm_resilience_plugin._engine.admission import wait_blocking
 
     pace = Pace("d", Clock(), configured=Limits(50.0, 1.0, None, 0.0, "config"))  # 50/s
     granted: list[float] = []
@@ -334,7 +334,7 @@ def test_blocking_waiters_on_many_threads_each_get_one_slot_at_the_pace():
         if pace.try_take():
             outcome = "granted"
         else:
-            outcome = _wait_blocking(pace, pace.join(1), time.monotonic() + 5, float("inf"), None)
+            outcome = wait_blocking(pace, pace.join(1), time.monotonic() + 5, float("inf"), None)
         with lock:
             granted.append(time.monotonic()) if outcome == "granted" else None
 
