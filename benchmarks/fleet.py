@@ -161,7 +161,8 @@ def main() -> None:
 
     rows = []
     with ProviderSimulator() as sim, tempfile.TemporaryDirectory(), running_redis() as redis:
-        print(f"{args.workers} workers, {args.rpm:g} rpm / {args.tpm:g} tpm shared, offered 2x, {args.seconds:g} s\n")
+        shared = f"{args.rpm:g} rpm / {args.tpm:g} tpm shared"
+        print(f"{args.workers} workers, {shared}, offered 2x, {args.seconds:g} s\n")
         print("| system | load | calls | failed | provider 429s | goodput / limit | P0 p99 |")
         print("|---|---:|---:|---:|---:|---:|---:|")
         plan = [(s, 2.0) for s in args.systems.split(",")]
