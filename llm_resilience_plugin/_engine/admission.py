@@ -121,7 +121,7 @@ def _decide(
         if not p.admits:
             return (_pin(engine, group, d), None), None, 0.0, tokens, 0.0, 0.0
         if p.try_take(tokens):
-            return (_pin(engine, group, d), Grant(d, tokens, 0.0)), None, 0.0, tokens, 0.0, 0.0
+            return (_pin(engine, group, d), p.grant(tokens, 0.0)), None, 0.0, tokens, 0.0, 0.0
     rank = engine.paces.rank_of(call)
     wait, dep = min((paces[d].estimate(rank, tokens), d) for d in ids)
     pol = engine.policies[group]
@@ -168,14 +168,14 @@ def _queued(engine: Engine, call: CallState, group: str, pace: Pace, waited: flo
     engine.emit(
         call, Paced(call.call_id, group, pace.deployment_id, waited, call.report.priority, pace.queued)
     )
-    return _pin(engine, group, pace.deployment_id), Grant(pace.deployment_id, tokens, waited)
+    return _pin(engine, group, pace.deployment_id), pace.grant(tokens, waited)
 
 
 # How often a waiter with sibling deployments looks whether one of them has a slot (seconds).
 ELSEWHERE_EVERY = 0.25
 
 
-async def _wait_async(
+async def wait_async(
     pace: Pace, w: Waiter, give_up_at: float, leave_at: float, elsewhere: _Sibling | None
 ) -> str:
     """Wait (async) for ``w``'s slot: ``granted``, ``deadline``, ``leave`` (a fallback has more
@@ -209,10 +209,10 @@ async def _wait_async(
             pace.leave(w)
 
 
-def _wait_blocking(
+def wait_blocking(
     pace: Pace, w: Waiter, give_up_at: float, leave_at: float, elsewhere: _Sibling | None
 ) -> str:
-    """The blocking twin of :func:`_wait_async`, on the caller's thread."""
+    """The blocking twin of :func:`wait_async`, on the caller's thread."""
     real = type(pace.clock).sleep is Clock.sleep
     started = pace.clock.monotonic()
     outcome: str | None = None
@@ -316,7 +316,7 @@ async def admit(
         return plan
     pace, w, give_up_at, leave_at, sibling, tokens = waiting
     started = engine.clock.monotonic()
-    outcome = await _wait_async(pace, w, give_up_at, leave_at, sibling)
+    outcome = await wait_async(pace, w, give_up_at, leave_at, sibling)
     return _after_wait(engine, call, group, exclude, pace, outcome, started, sibling, tokens)
 
 
@@ -334,5 +334,5 @@ def admit_sync(
         return plan
     pace, w, give_up_at, leave_at, sibling, tokens = waiting
     started = engine.clock.monotonic()
-    outcome = _wait_blocking(pace, w, give_up_at, leave_at, sibling)
+    outcome = wait_blocking(pace, w, give_up_at, leave_at, sibling)
     return _after_wait(engine, call, group, exclude, pace, outcome, started, sibling, tokens)

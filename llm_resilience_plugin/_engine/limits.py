@@ -72,16 +72,31 @@ class HeaderLimit:
     reset_s: float | None
 
     def rate(self) -> float | None:
-        """The refill rate these values imply: what was used comes back over the reset time."""
+        """The refill rate these values imply: what was used comes back over the reset time
+        (``remaining`` is rounded down: up to one request less was used, so count one less - never
+        faster than the truth); None when the reading is too coarse to tell."""
         if self.limit <= 0:
             return None
         used = self.limit - self.remaining
-        if self.reset_s and self.reset_s > 0 and used > 0:
-            return used / self.reset_s
+        # Only a reading with enough used is precise (a rounded-down remaining of a nearly full
+        # bucket over a reset of a few milliseconds says little).
+        if self.reset_s and self.reset_s > 0 and used >= max(3.0, 0.5 * self.limit):
+            return (used - 1.0) / self.reset_s
         return None
 
 
 _PREFIXES = ("", "llm_provider-")
+# The keys whose presence says an answer states a limit (checked before any parsing).
+RATE_LIMIT_KEYS = tuple(
+    prefix + name
+    for prefix in _PREFIXES
+    for name in (
+        "x-ratelimit-remaining-requests",
+        "x-ratelimit-remaining-tokens",
+        "anthropic-ratelimit-requests-remaining",
+        "anthropic-ratelimit-tokens-remaining",
+    )
+)
 
 
 def _get(headers: Mapping[str, Any], name: str) -> Any:

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from llm_resilience_plugin._engine.clock import Clock
-from llm_resilience_plugin._engine.limits import Limits, header_limits
+from llm_resilience_plugin._engine.limits import RATE_LIMIT_KEYS, Limits, header_limits
 
 if TYPE_CHECKING:
     from llm_resilience_plugin._engine.pacing import Grant
@@ -82,8 +82,8 @@ class PaceLearning:
     def wants_headers(self, headers: Mapping[str, Any] | None) -> bool:
         """Are an answer's rate-limit headers worth adopting: this deployment is paced already,
         or they say less than a tenth of its limit is left (pace before the first 429)?"""
-        if not headers or not self.learn:
-            return False
+        if not headers or not self.learn or not any(k in headers for k in RATE_LIMIT_KEYS):
+            return False  # most answers: no limit stated at all
         if self.limited:
             return True
         req, tok = header_limits(headers)
@@ -160,7 +160,7 @@ class PaceLearning:
         self._last_increase = now
         self._last_decrease = now
 
-    def adopt_headers(self, headers: Mapping[str, Any], now: float) -> bool:
+    def adopt_headers(self, headers: Mapping[str, Any], now: float, since: int = 0) -> bool:
         """Set the limits the provider's headers state (configured limits cap them); lock held."""
         if not self.learn and self.configured is None:
             return False
@@ -172,22 +172,27 @@ class PaceLearning:
         changed = False
         if req is not None:
             rate = req.rate()
-            if rate is None and req.remaining < req.limit:
-                rate = req.limit / 60.0
             if rate is not None and self.learn:
                 if cfg is not None and cfg.requests_per_s:
                     rate = min(rate, cfg.requests_per_s)
-                lim.requests_per_s = rate * self.headroom
+                rate *= self.headroom
+                if lim.source == "headers" and lim.requests_per_s:  # readings are noisy: smooth them
+                    rate = 0.5 * (lim.requests_per_s + rate)
+                lim.requests_per_s = rate
                 lim.request_burst = max(1.0, req.limit)
                 changed = True
             if lim.requests_per_s is not None:
-                self._level = min(self._level, req.remaining)
+                # ``since``: slots granted after that request went out, not yet in its count.
+                self._level = min(self._level, req.remaining - since)
         if tok is not None:
             rate = tok.rate()
             if rate is not None and self.learn:
                 if cfg is not None and cfg.tokens_per_s:
                     rate = min(rate, cfg.tokens_per_s)
-                lim.tokens_per_s = rate * self.headroom
+                rate *= self.headroom
+                if lim.source == "headers" and lim.tokens_per_s:
+                    rate = 0.5 * (lim.tokens_per_s + rate)
+                lim.tokens_per_s = rate
                 lim.token_burst = max(1.0, tok.limit)
                 changed = True
             if lim.tokens_per_s is not None:

@@ -39,7 +39,7 @@ from llm_resilience_plugin._engine.pace_learning import INCREASE_SHARE, LEARN_WI
 # deployment takes our load), and so does a 429 (the pace takes over). So a burst into an unknown
 # limit does not send everything at once, and a healthy deployment costs one round trip, once.
 SLOW_START_WINDOW = 32
-SLOW_START_DOUBLING = 1.0
+SLOW_START_DOUBLING = 2.0
 SLOW_START_OPEN = 1024
 # The output tokens a request without max_tokens reserves against a token limit (corrected when
 # its usage is known).
@@ -79,6 +79,7 @@ class Grant:
     tokens: float
     waited: float
     counted: bool = True  # holds an in-flight place until :meth:`Pace.ended`
+    serial: int = 0  # the pace's grant count when this one was granted (see adopt_headers)
 
 
 _SEQ = itertools.count()
@@ -371,6 +372,10 @@ class Pace(PaceLearning):
             self.granted += 1
             return True
 
+    def grant(self, tokens: float, waited: float) -> Grant:
+        """The :class:`Grant` of a slot just taken (numbered, so headers can be dated)."""
+        return Grant(self.deployment_id, tokens, waited, True, self.granted)
+
     def estimate(self, rank: int, tokens: float = 0.0) -> float:
         """Seconds a call of tier ``rank`` would wait if it joined the queue now."""
         now = self.clock.monotonic()
@@ -444,7 +449,11 @@ class Pace(PaceLearning):
     # -- what the provider said --------------------------------------------------------------
 
     def on_answer(
-        self, headers: Mapping[str, Any] | None, tokens_reserved: float, tokens_used: float | None
+        self,
+        headers: Mapping[str, Any] | None,
+        tokens_reserved: float,
+        tokens_used: float | None,
+        serial: int = 0,
     ) -> bool:
         """An answer: settle its token reservation, adopt the limits its headers give; True when
         the deployment is paced afterwards."""
@@ -456,7 +465,7 @@ class Pace(PaceLearning):
                 if self.shared is not None and delta:
                     self.shared.refund(delta)
             if headers:
-                self.adopt_headers(headers, now)
+                self.adopt_headers(headers, now, self.granted - serial)
             self._grant_due(now)
         return self.limited
 
