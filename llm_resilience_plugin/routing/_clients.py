@@ -89,7 +89,7 @@ class ClosingSyncRunner(SyncRunner):
         if self.used and threading.current_thread().name != _LOOP_THREAD:
             self.used = False
             try:
-                super().run(asyncio.wait_for(self._wind_down(), 3.0))
+                super().run(self._wind_down())  # itself the task: wait_for's would be cancelled below
             except (Exception, asyncio.CancelledError):  # closing must not fail: the loop still stops
                 pass
         super().close()
@@ -103,4 +103,4 @@ class ClosingSyncRunner(SyncRunner):
             task.cancel()
         if left:
             await asyncio.wait(left, timeout=1.0)
-        await close_loop_clients()
+        await asyncio.wait_for(close_loop_clients(), 2.0)
