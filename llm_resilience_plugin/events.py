@@ -234,6 +234,41 @@ class StreamRestart:
         }
 
 
+BreakEnd = Literal["continued", "replayed", "diverged", "given_up"]
+
+
+@dataclass(frozen=True, slots=True)
+class StreamBreak:
+    """How one break of a stream after content ended under seamless recovery (published as an
+    event and kept in :attr:`CallReport.stream_breaks`).
+
+    ``continued``: another route continued the text by assistant prefill; ``replayed``: a route
+    answered again from scratch, its text matched what was shown, and only the rest was
+    streamed; ``diverged``: a replay's text differed from what was shown and was discarded (the
+    call moved on); ``given_up``: no way on was left (the caller gets
+    :class:`~llm_resilience_plugin.StreamInterruptedError`, with the replacement answer when
+    one was had). ``extra_tokens``: tokens this way cost beyond the answer the caller kept
+    (the prompt sent again, text generated again or discarded), when known; ``extra_cost`` the
+    same in dollars; ``wait_s``: how long the caller waited after the break for its next chunk.
+    """
+
+    call_id: str
+    model_group: str
+    error_class: ErrorClass
+    end: BreakEnd
+    broken_deployment: str | None
+    deployment_id: str | None = None
+    shown_chars: int = 0
+    extra_tokens: int | None = None
+    extra_cost: float | None = None
+    wait_s: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["error_class"] = str(self.error_class)
+        return d
+
+
 @dataclass(slots=True, repr=False)
 class CallReport:
     """What happened in one logical call; reach it with :func:`llm_resilience_plugin.get_report`."""
@@ -263,6 +298,8 @@ class CallReport:
     replayed: bool = False
     stream_restarts: int = 0
     skipped_stream_events: int = 0  # invalid SSE events dropped in place (the stream went on)
+    # How each break after content ended under seamless recovery; None until the first one.
+    _stream_breaks: list[StreamBreak] | None = None
     operation: str = "completion"  # LiteLLM's call: completion (chat), embedding, responses, ...
     # The key, or how to compute it: the content fingerprint is hashed on first read when nothing
     # needed it during the call, so calls without a store, guard or listener never pay for it.
@@ -280,6 +317,13 @@ class CallReport:
             pending, self._pending = self._pending, None
             attempts.append(AttemptRecord(*pending))
         return attempts
+
+    @property
+    def stream_breaks(self) -> list[StreamBreak]:
+        """How each break of the stream after content ended (seamless recovery), in order."""
+        if self._stream_breaks is None:
+            self._stream_breaks = []
+        return self._stream_breaks
 
     @property
     def degraded(self) -> list[str]:
@@ -301,7 +345,9 @@ class CallReport:
 
     def __repr__(self) -> str:
         shown = (
-            f.name.lstrip("_") for f in fields(self) if f.name == "_degraded" or not f.name.startswith("_")
+            f.name.lstrip("_")
+            for f in fields(self)
+            if f.name in ("_degraded", "_stream_breaks") or not f.name.startswith("_")
         )
         inner = ", ".join(f"{name}={getattr(self, name)!r}" for name in shown)
         return f"CallReport({inner}, attempts={self.attempts!r})"
@@ -355,6 +401,7 @@ class CallReport:
             "replayed": self.replayed,
             "stream_restarts": self.stream_restarts,
             "skipped_stream_events": self.skipped_stream_events,
+            "stream_breaks": [b.to_dict() for b in self._stream_breaks or ()],
             "operation": self.operation,
             "attempts": [a.to_dict() for a in self.attempts],
         }
@@ -410,6 +457,7 @@ Event = (
     | FallbackTaken
     | HedgeSent
     | StreamRestart
+    | StreamBreak
     | BreakerTransition
     | CallReport
 )
@@ -445,6 +493,7 @@ _EVENT_NAMES: dict[type, str] = {
     FallbackTaken: "fallback",
     HedgeSent: "hedge",
     StreamRestart: "stream_restart",
+    StreamBreak: "stream_break",
     BreakerTransition: "breaker",
     CallReport: "call",
 }
@@ -508,6 +557,7 @@ __all__ = [
     "Listener",
     "Outcome",
     "RetryScheduled",
+    "StreamBreak",
     "StreamRestart",
     "event_dict",
     "event_name",
