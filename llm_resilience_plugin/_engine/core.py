@@ -233,11 +233,15 @@ def split_options(kwargs: Mapping[str, Any]) -> tuple[CallOptions, dict[str, Any
 
 
 def streams_recovered(call: CallState, asked: EffectivePolicy) -> bool:
-    """Would ``call``'s stream be recovered if it broke after content now - by the router (the
-    call's ``recover_streams``, else ``asked``, the requested group's policy, while its restart
-    cap is not reached) or by its caller (``recovered_by_caller``)? Only then may its idle limit
-    be learned below the default: otherwise a cut would end the caller's answer."""
-    return call.opts.recovered_by_caller or router_resumes(call, asked)
+    """Would ``call``'s stream be recovered with its answer kept if it broke after content now -
+    by the router's marker protocol or ``"answer"`` mode (the call's ``recover_streams``, else
+    ``asked``, the requested group's policy, while its restart cap is not reached) or by its
+    caller (``recovered_by_caller``)? Only then may its idle limit be learned below the default:
+    otherwise a cut would end the caller's answer. Seamless recovery does not count: where no
+    route continues and no replay reproduces, it ends in the typed error."""
+    if call.opts.recovered_by_caller:
+        return True
+    return router_resumes(call, asked) and stream_recovery_mode(call.opts, asked) != "seamless"
 
 
 def router_resumes(call: CallState, asked: EffectivePolicy) -> bool:

@@ -271,8 +271,11 @@ class ChatRequest:
 
     def _marks_restarts(self) -> bool:
         """Would the group's policy recover a broken stream with the marker protocol?"""
-        pol = self.router.effective_policy(self.group)
-        return pol.restart_broken_streams or pol.continue_streams_with_prefill
+        policy_of = getattr(self.router, "effective_policy", None)  # None: a request built bare
+        if policy_of is None:
+            return False
+        pol = policy_of(self.group)
+        return bool(pol.restart_broken_streams or pol.continue_streams_with_prefill)
 
     def identity(self) -> tuple[Any, ...]:
         """What makes two requests the same: the group, the messages and the parameters."""

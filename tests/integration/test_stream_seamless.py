@@ -7,13 +7,15 @@ in the report and published."""
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any
 
 import pytest
 
 from llm_resilience_plugin import ResilientRouter, StreamInterruptedError, get_report
+from llm_resilience_plugin.cost._guard import Budget, CostGuard
 from llm_resilience_plugin.events import StreamBreak, StreamRestart
-from llm_resilience_plugin.testing import FakeClock, Fault, ProviderSimulator
+from llm_resilience_plugin.testing import Clock, FakeClock, Fault, ProviderSimulator
 from tests.conftest import FAST_POLICY, _merge, deployment
 
 LONG = [{"role": "user", "content": "tell me a long story about cats and dogs and birds"}]
@@ -27,6 +29,7 @@ def make(
     made: list[ResilientRouter],
     groups: dict[str, dict[str, bool]],
     policy: dict[str, Any] | None = None,
+    **kwargs: Any,
 ) -> ResilientRouter:
     """Groups of deployments, each with its supports_assistant_prefill flag; the first group
     falls back to the others in order."""
@@ -41,8 +44,9 @@ def make(
         model_list=model_list,
         fallbacks=[{first: rest}] if rest else None,
         policy=_merge(FAST_POLICY, policy or {}),
-        clock=FakeClock(),
+        clock=kwargs.pop("clock", None) or FakeClock(),
         seed=1234,
+        **kwargs,
     )
     made.append(router)
     return router
@@ -251,6 +255,31 @@ async def test_the_restart_cap_bounds_seamless_recovery(sim, routers) -> None:
     assert info.value.partial_text == "Hello from a. You said: tell "
     assert [b[0] for b in breaks(stream)] == ["continued", "given_up"]
     assert sim.count() == 2
+
+
+async def test_each_recovery_attempt_reserves_and_settles_with_the_cost_guard(sim, routers) -> None:
+    guard = CostGuard([Budget.daily(1.0)])
+    router = make(sim, routers, {"primary": {"a": False}, "backup": {"b": True}}, guards=[guard])
+    sim.script("a", Fault.stream_cut(after_chunks=3))
+    stream = await router.acompletion(model="primary", messages=LONG, stream=True, max_tokens=50)
+    await read(stream)
+    broken, continued = guard.ledger.entries()  # the broken stream's content was billed too
+    assert broken.estimated and not continued.estimated
+    (usage,) = [u for u in guard.report().budgets if u.budget == "daily"]
+    assert usage.reserved == 0 and usage.spent == pytest.approx(broken.cost + continued.cost)
+
+
+async def test_a_recovery_never_outlives_the_deadline(sim, routers) -> None:
+    router = make(
+        sim, routers, {"primary": {"a": False}, "backup": {"b": True}}, {"deadline": 0.8}, clock=Clock()
+    )
+    sim.script("a", Fault.stream_stall(after_chunks=3, seconds=5))
+    sim.set_default("b", Fault.ok(chunk_delay=0.2))  # continues, too slowly to finish in time
+    stream = await router.acompletion(model="primary", messages=LONG, stream=True, stream_idle_timeout=0.3)
+    t0 = time.monotonic()
+    with pytest.raises(StreamInterruptedError):
+        await read(stream)
+    assert time.monotonic() - t0 < 1.5
 
 
 # -- tool calls ----------------------------------------------------------------------------------
