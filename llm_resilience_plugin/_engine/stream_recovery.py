@@ -210,14 +210,19 @@ async def recover_seamless(
         if dep is not None:
             call.avoid(dep)  # go on somewhere else first
     last = call.stream_broke - call.opts.avoid - {diverged}
+    pol = engine.policies[call.report.requested_group]
+
+    def may_go_on() -> bool:  # time left, and the restart cap not reached
+        return not _out_of_time(engine, call) and router_resumes(call, pol)
+
     refusers: frozenset[str] = frozenset()
-    if not _out_of_time(engine, call) and may_prefill(engine, call, kwargs, shown, saw_tools, seamless=True):
+    if may_go_on() and may_prefill(engine, call, kwargs, shown, saw_tools, seamless=True):
         nxt, refusers = await _prefill_walk(engine, call, messages, kwargs, shown, last)
         if nxt is not None:
             call.report.stream_restarts += 1
             return Recovered(None, nxt, "continue")
     worth, model = replay_model(engine, call, kwargs, broken.picked, saw_tools)
-    if worth and not _out_of_time(engine, call):
+    if worth and may_go_on():
         call.only_model = model
         try:
             nxt = await _from_scratch(engine, call, messages, kwargs, refusers | last, whole=False)
@@ -227,7 +232,7 @@ async def recover_seamless(
             call.report.stream_restarts += 1
             return Recovered(None, nxt, "replay")
     answer = None
-    if not _out_of_time(engine, call) and router_resumes(call, engine.policies[call.report.requested_group]):
+    if may_go_on():
         # a deployment whose replay differed is healthy: its own answer is a fine replacement
         differed = {b.deployment_id for b in call.report.stream_breaks if b.end == "diverged"}
         back = refusers | last | frozenset(d for d in differed if d is not None)

@@ -300,6 +300,8 @@ class ResilientStream:
                 if not same:
                     live.record_break(dataclasses.replace(brk, end="diverged"))
                     await nxt.discard()
+                    with contextlib.suppress(Exception):
+                        await it.aclose()  # type: ignore[attr-defined]
                     recovered = await live.recover(
                         failure,
                         messages,
