@@ -161,9 +161,7 @@ class ResilientStream:
         self._next: ResilientStream | StaticStream | None = None
         self._saw_tools = False
         self._failure: Failure | None = None  # the break being recovered (seamless: moving on)
-        self._on_end: Callable[[ResilientStream], None] | None = (
-            None  # a recovery's record, filled at the end
-        )
+        self._on_end: Callable[[ResilientStream], None] | None = None  # records a recovery
         self.cost: float | None = None  # this attempt's own cost, as its chunks report it
         self.report = live.report
         self.report.ttft_s = live.ttft
@@ -297,6 +295,9 @@ class ResilientStream:
                     raise StreamInterruptedError(
                         str(err), delivered, err.cause, self.report, err.replacement
                     ) from err.cause
+                except (GeneratorExit, asyncio.CancelledError):  # the caller left meanwhile
+                    await nxt.aclose()  # the report says cancelled
+                    raise
                 if not same:
                     live.record_break(dataclasses.replace(brk, end="diverged"))
                     await nxt.discard()
