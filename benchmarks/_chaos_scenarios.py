@@ -182,11 +182,12 @@ def _primary_fault(make: Callable[[str], Behavior]) -> Callable[[Scriptable, Tar
 
 def _sampling(make: Callable[[str], Behavior], draws: int) -> Callable[[Scriptable, Target], None]:
     """Inject: every deployment samples anew per request (``draws`` answers in turn, the fallback's
-    healthy, the primary's ``make(answer)``), the script long enough for any cell."""
+    healthy, the primary's ``make(answer)``; the fallback's turn runs ahead, so its n-th answer is
+    never the primary's n-th), the script long enough for any cell."""
 
     def inject(sim: Scriptable, t: Target) -> None:
         sim.script(t.dep("p-a"), *(make(t.answer("p-a", i % draws)) for i in range(400)))
-        sim.script(t.dep("f-a"), *(healthy(t.answer("f-a", i % draws)) for i in range(400)))
+        sim.script(t.dep("f-a"), *(healthy(t.answer("f-a", (i + 1 + i % 2) % draws)) for i in range(400)))
 
     return inject
 

@@ -15,7 +15,8 @@ others, which learn nothing from healthy calls. Then the fault is injected and t
 go out.
 
 Metrics per cell: success (complete answers only: one deployment's full text, finish reason
-``stop``), garbled (calls ending with ``stop`` on a text that is no deployment's answer), p50/p99 latency of every call (a call still running after CALL_CAP s is abandoned and
+``stop``), garbled (calls ending with ``stop`` on a text that is no deployment's answer),
+p50/p99 latency of every call (a call still running after CALL_CAP s is abandoned and
 counted as failed at CALL_CAP), upstream requests per call, share of calls answered by the
 primary group, time back on primary (seconds from the moment the primary is healthy again to
 the first request it answers; flapping and Retry-After), requests that met a fault, billed
@@ -63,7 +64,8 @@ async def _timed(system: System) -> tuple[Outcome, float]:
     except TimeoutError:
         outcome = Outcome(False, None, f"still running after {CALL_CAP:g} s")
     except Exception as exc:
-        outcome = Outcome(False, None, type(exc).__name__)
+        replaced = getattr(exc, "replacement", None) is not None  # the plugin's typed error
+        outcome = Outcome(False, None, type(exc).__name__ + (" with replacement" if replaced else ""))
     return outcome, time.monotonic() - t
 
 
