@@ -515,6 +515,7 @@ _EVENT_NAMES: dict[type, str] = {
     StreamRestart: "stream_restart",
     StreamBreak: "stream_break",
     BreakerTransition: "breaker",
+    Paced: "paced",
     CallReport: "call",
 }
 

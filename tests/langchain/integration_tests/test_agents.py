@@ -48,9 +48,15 @@ def router(sim: ProviderSimulator) -> Iterator[ResilientRouter]:
             "deadline": 10,
             "attempt_timeout": 5,
             "backoff": {"initial": 0.01, "maximum": 0.05},
-            # 429s open a breaker only after their own threshold (default 10); three keeps the
-            # 429-storm cases independent of how many requests six calls happen to send.
-            "breaker": {"fail_max": 3, "reset_timeout": 30, "rate_limit_fail_max": 3},
+            # 429s open a breaker only for a deployment that answers nothing else: by default ten
+            # in a row over a minute; here three, at once (a provider refusing every request),
+            # so the 429-storm cases do not depend on how many requests six calls send.
+            "breaker": {
+                "fail_max": 3,
+                "reset_timeout": 30,
+                "rate_limit_fail_max": 3,
+                "rate_limit_open_after": 0,
+            },
         },
         clock=FakeClock(),
         seed=3,
