@@ -56,14 +56,15 @@ class Target(Protocol):
     deployment name (``p-a``), and the full answer it gives."""
 
     def dep(self, name: str) -> str: ...
-    def answer(self, name: str) -> str: ...
+    def answer(self, name: str, draw: int = 0) -> str: ...
 
 
-def answer_text(deployment: str, same_model: bool = False) -> str:
+def answer_text(deployment: str, same_model: bool = False, draw: int = 0) -> str:
     """The 60 words ``deployment`` answers, one word per chunk: its name, then filler; with
     ``same_model`` the filler first and its name last, so deployments of one model say the same
-    thing word for word until the last word."""
-    filler = [_FILLER[i % len(_FILLER)] for i in range(ANSWER_WORDS - 1)]
+    thing word for word until the last word. ``draw`` > 0: another sample of the same model (the
+    filler starts ``draw`` words later), as a model sampling at a temperature answers anew."""
+    filler = [_FILLER[(i + draw) % len(_FILLER)] for i in range(ANSWER_WORDS - 1)]
     tag = f"[{deployment}]"
     return " ".join([*filler, tag] if same_model else [tag, *filler]) + "."
 
@@ -117,6 +118,13 @@ class Scenario:
     """The plugin's policy here: its defaults, plus what the scenario pins (see ``scenarios``)."""
     same_model: bool = False
     """The deployments serve one model: their answers agree word for word but for the last."""
+    prefill: frozenset[str] = frozenset()
+    """The deployments that declare assistant-prefill support (``supports_assistant_prefill``)."""
+    request: dict[str, float] = field(default_factory=dict)
+    """Sampling arguments every caller sends (``temperature``), the same for every system."""
+    draws: int = 1
+    """How many different samples each deployment gives (one per request, in turn): > 1, the
+    model samples anew per request, so a replay does not repeat the words shown."""
     parallel: bool = False
     """Bound by waiting (stalls, holds, timed incidents) and light on CPU: its cells may run side
     by side without contention moving its numbers much; the rest run one cell at a time."""
@@ -139,6 +147,10 @@ TO_BACKUP = [{"primary": ["backup"]}]
 # Long waits (stalls, slow first tokens, held connections) are judged against a realistic 30 s
 # attempt timeout, pinned so a change of the plugin's defaults does not change the question.
 REALISTIC = {"attempt_timeout": 30.0}
+# Stream scenarios are read by a plain chunk loop, LangChain astream and LangChain ainvoke.
+STREAM_CALLERS = ("stream", "astream", "lc")
+# A caller asking for reproducible answers (what makes a verified replay worth trying).
+DETERMINISTIC = {"temperature": 0.0}
 
 
 def _storm(sim: Scriptable, t: Target) -> None:
@@ -164,6 +176,18 @@ def _primary_fault(make: Callable[[str], Behavior]) -> Callable[[Scriptable, Tar
 
     def inject(sim: Scriptable, t: Target) -> None:
         sim.set_default(t.dep("p-a"), make(t.answer("p-a")))
+
+    return inject
+
+
+def _sampling(make: Callable[[str], Behavior], draws: int) -> Callable[[Scriptable, Target], None]:
+    """Inject: every deployment samples anew per request (``draws`` answers in turn, the fallback's
+    healthy, the primary's ``make(answer)``; the fallback's turn runs ahead, so its n-th answer is
+    never the primary's n-th), the script long enough for any cell."""
+
+    def inject(sim: Scriptable, t: Target) -> None:
+        sim.script(t.dep("p-a"), *(make(t.answer("p-a", i % draws)) for i in range(400)))
+        sim.script(t.dep("f-a"), *(healthy(t.answer("f-a", (i + 1 + i % 2) % draws)) for i in range(400)))
 
     return inject
 
@@ -229,19 +253,43 @@ def scenarios(quick: bool = False) -> list[Scenario]:
             ONE_PRIMARY,
             TO_FALLBACK,
             _primary_fault(lambda text: _answering(Fault.stream_cut(after_chunks=40), text)),
-            consumers=("stream", "lc"),
+            consumers=STREAM_CALLERS,
             load=paced,
         ),
         Scenario(
-            "stream-cut-same",
-            "stream-cut, the fallback serving the same model (its answer repeats the primary's word "
-            "for word, up to its name)",
+            "stream-cut-prefill",
+            "stream-cut, the fallback takes an assistant prefill (supports_assistant_prefill)",
             ONE_PRIMARY,
             TO_FALLBACK,
             _primary_fault(lambda text: _answering(Fault.stream_cut(after_chunks=40), text)),
-            consumers=("stream", "lc"),
+            consumers=STREAM_CALLERS,
+            load=paced,
+            prefill=frozenset({"f-a"}),
+        ),
+        Scenario(
+            "stream-cut-same",
+            "stream-cut, the fallback serving the same model at temperature 0 (its answer repeats "
+            "the primary's word for word, up to its name)",
+            ONE_PRIMARY,
+            TO_FALLBACK,
+            _primary_fault(lambda text: _answering(Fault.stream_cut(after_chunks=40), text)),
+            consumers=STREAM_CALLERS,
             load=paced,
             same_model=True,
+            request=DETERMINISTIC,
+        ),
+        Scenario(
+            "stream-cut-diverge",
+            "stream-cut-same, but the model samples anew per request: a replay does not repeat "
+            "the words shown (no route takes a prefill)",
+            ONE_PRIMARY,
+            TO_FALLBACK,
+            _sampling(lambda text: _answering(Fault.stream_cut(after_chunks=40), text), draws=7),
+            consumers=STREAM_CALLERS,
+            load=paced,
+            same_model=True,
+            request=DETERMINISTIC,
+            draws=7,
         ),
         Scenario(
             "malformed",
@@ -252,7 +300,7 @@ def scenarios(quick: bool = False) -> list[Scenario]:
             _primary_fault(
                 lambda text: _answering(Fault.malformed_chunk(after_chunks=30, content=False), text)
             ),
-            consumers=("stream", "lc"),
+            consumers=STREAM_CALLERS,
             load=paced,
         ),
         Scenario(
@@ -261,7 +309,7 @@ def scenarios(quick: bool = False) -> list[Scenario]:
             ONE_PRIMARY,
             TO_FALLBACK,
             _primary_fault(lambda text: _answering(Fault.malformed_chunk(after_chunks=30), text)),
-            consumers=("stream", "lc"),
+            consumers=STREAM_CALLERS,
             load=paced,
         ),
         Scenario(
@@ -270,7 +318,7 @@ def scenarios(quick: bool = False) -> list[Scenario]:
             ONE_PRIMARY,
             TO_FALLBACK,
             _primary_fault(lambda text: _answering(Fault.stream_stall(after_chunks=30, seconds=stall), text)),
-            consumers=("stream", "lc"),
+            consumers=STREAM_CALLERS,
             load=slow,
             plugin_policy=REALISTIC,
             parallel=True,

@@ -8,12 +8,14 @@ Systems (same deployments, same workload):
             with num_retries=0 and LiteLLM's default timeout (LangChain's own tools)
   plugin    ResilientRouter on its default policy (plus what a scenario pins)
 
-Callers: ``completion`` (non-stream call), ``stream`` (a chunk consumer on the router's stream;
-the plugin's router gets :data:`PLUGIN_STREAM_POLICY`, the documented opt-in for chunk consumers,
-and the consumer honours its restart markers), ``lc`` (LangChain ``ainvoke`` over a streaming chat
-model: ``ChatLiteLLMRouter(streaming=True)`` or ``ResilientChatModel(streaming=True)``, defaults).
+Callers: ``completion`` (non-stream call), ``stream`` (a plain chunk loop on the router's stream,
+reading only ``chunk.choices``; every system on its defaults), ``astream`` (LangChain ``astream``
+of the chat model, the chunks summed), ``lc`` (LangChain ``ainvoke`` over a streaming chat model:
+``ChatLiteLLMRouter(streaming=True)`` or ``ResilientChatModel(streaming=True)``, defaults).
 
-An answer counts only when complete: exactly one deployment's full text, finish reason ``stop``.
+An answer counts only when complete: exactly one deployment's full text (one of its samples),
+finish reason ``stop``. A call that ends with ``stop`` on any other text is **garbled**: it looks
+complete, but is not one deployment's answer (two spliced, a gap, a repeat).
 """
 
 from __future__ import annotations
@@ -35,7 +37,6 @@ except ImportError:  # pragma: no cover
 
 __all__ = [
     "MSG",
-    "PLUGIN_STREAM_POLICY",
     "SYSTEMS",
     "Cell",
     "Outcome",
@@ -45,13 +46,6 @@ __all__ = [
 
 MSG = [{"role": "user", "content": "Give me one paragraph about resilience."}]
 SYSTEMS = ("bare", "tuned", "langchain", "plugin")
-
-# The plugin's opt-in for chunk consumers (docs/streaming.md, "The switch"): a stream broken after
-# content resumes on another route - seamlessly when the new route repeats the text delivered,
-# else from scratch after an in-band StreamRestart marker. (continue_streams_with_prefill would
-# first try an assistant prefill: no deployment here supports one, and the simulator would answer
-# it with the whole text again. The per-call form is acompletion(..., recover_streams=True).)
-PLUGIN_STREAM_POLICY: dict[str, Any] = {"restart_broken_streams": True}
 
 # The tuned Router's timeouts: the plugin's attempt timeout and its stream timeouts.
 TUNED_TIMEOUT = 30.0
@@ -72,7 +66,9 @@ class Outcome:
     deployment: str | None = None
     error: str | None = None
     markers: tuple[str, ...] = ()
-    """Chunk consumers on the plugin: the modes of the restart markers the stream yielded."""
+    """Chunk consumers on the plugin: restart markers the stream yielded (none on its defaults)."""
+    garbled: bool = False
+    """Ended with ``stop`` on a text that is no deployment's answer."""
 
 
 @dataclass(frozen=True)
@@ -88,17 +84,19 @@ class Cell:
         """The simulator deployment standing for the scenario's ``name`` in this cell."""
         return f"{self.scenario.name}-{self.system}-{self.consumer}-{name}"
 
-    def answer(self, name: str) -> str:
-        """The full answer of the scenario's deployment ``name`` in this cell."""
-        return answer_text(self.dep(name), self.scenario.same_model)
+    def answer(self, name: str, draw: int = 0) -> str:
+        """The full answer of the scenario's deployment ``name`` in this cell (its ``draw``-th sample)."""
+        return answer_text(self.dep(name), self.scenario.same_model, draw)
 
     def judge(self, text: Any, finish: Any) -> Outcome:
-        """Complete (one deployment's exact answer, finish ``stop``) or not."""
+        """Complete (one deployment's exact answer, finish ``stop``), garbled, or not complete."""
         for name in self.scenario.deployments:
-            if text == self.answer(name):
+            if any(text == self.answer(name, d) for d in range(self.scenario.draws)):
                 if finish == "stop":
                     return Outcome(True, name)
                 return Outcome(False, name, f"finish_reason={finish}")
+        if finish == "stop":
+            return Outcome(False, None, "garbled", garbled=True)
         return Outcome(False, None, "incomplete text" if text else "no text")
 
 
@@ -126,7 +124,7 @@ def model_list(sim: Addresses, cell: Cell) -> list[dict[str, Any]]:
                 "input_cost_per_token": 1e-6,
                 "output_cost_per_token": 2e-6,
             },
-            "model_info": {"id": cell.dep(d)},
+            "model_info": {"id": cell.dep(d), "supports_assistant_prefill": d in cell.scenario.prefill},
         }
         for group, deps in cell.scenario.groups.items()
         for d in deps
@@ -139,16 +137,14 @@ def _choice(obj: Any) -> Any:
 
 
 async def _read_stream(cell: Cell, stream: Any) -> Outcome:
-    """A chunk consumer: concatenates deltas; a plugin restart marker starts the answer over
-    (``restart``) or keeps it (``continue``)."""
+    """A plain chunk loop: concatenates ``chunk.choices[0].delta.content``; anything else in the
+    stream (a restart marker) is counted and skipped, as a loop that does not know it would."""
     parts: list[str] = []
     finish = None
     markers: list[str] = []
     async for chunk in stream:
         if isinstance(chunk, StreamRestart):
             markers.append(chunk.mode)
-            if chunk.mode == "restart":
-                parts, finish = [], None
             continue
         choice = _choice(chunk)
         if choice is None:
@@ -185,15 +181,18 @@ def _litellm_router(cell: Cell, sim: Addresses, **settings: Any) -> Any:
 def _direct(cell: Cell, router: Any) -> Callable[[], Awaitable[Outcome]]:
     """A completion or a chunk consumer on ``router.acompletion`` (LiteLLM's or the plugin's)."""
     group = cell.scenario.primary
+    request = cell.scenario.request
     if cell.consumer == "stream":
 
         async def stream() -> Outcome:
-            return await _read_stream(cell, await router.acompletion(model=group, messages=MSG, stream=True))
+            return await _read_stream(
+                cell, await router.acompletion(model=group, messages=MSG, stream=True, **request)
+            )
 
         return stream
 
     async def completion() -> Outcome:
-        choice = _choice(await router.acompletion(model=group, messages=MSG))
+        choice = _choice(await router.acompletion(model=group, messages=MSG, **request))
         return cell.judge(choice.message.content, choice.finish_reason)
 
     return completion
@@ -201,11 +200,24 @@ def _direct(cell: Cell, router: Any) -> Callable[[], Awaitable[Outcome]]:
 
 def _over_router(cell: Cell, router: Any) -> Callable[[], Awaitable[Outcome]]:
     """bare/tuned: the Router called directly, or through LangChain's ChatLiteLLMRouter."""
-    if cell.consumer != "lc":
+    if cell.consumer not in ("lc", "astream"):
         return _direct(cell, router)
     from langchain_litellm import ChatLiteLLMRouter
 
-    chat = ChatLiteLLMRouter(router=router, model=cell.scenario.primary, streaming=True)
+    chat = ChatLiteLLMRouter(
+        router=router, model=cell.scenario.primary, streaming=True, **cell.scenario.request
+    )
+    return _over_chat(cell, chat)
+
+
+def _over_chat(cell: Cell, chat: Any) -> Callable[[], Awaitable[Outcome]]:
+    """LangChain callers of a chat model (or runnable): ``astream`` summed, or ``ainvoke``."""
+    if cell.consumer == "astream":
+
+        async def astream() -> Outcome:
+            return await _read_lc_stream(cell, chat.astream(MSG))
+
+        return astream
 
     async def lc() -> Outcome:
         return _judge_message(cell, await chat.ainvoke(MSG))
@@ -221,14 +233,14 @@ def _langchain(cell: Cell, sim: Addresses) -> System:
     streaming = cell.consumer != "completion"
 
     def model(group: str) -> Any:
-        return ChatLiteLLMRouter(router=router, model=group, max_retries=0, streaming=streaming).with_retry(
-            stop_after_attempt=3, wait_exponential_jitter=True
-        )
+        return ChatLiteLLMRouter(
+            router=router, model=group, max_retries=0, streaming=streaming, **cell.scenario.request
+        ).with_retry(stop_after_attempt=3, wait_exponential_jitter=True)
 
     primary = cell.scenario.primary
     chain = cell.scenario.fallbacks[0][primary]
     runnable = model(primary).with_fallbacks([model(g) for g in chain])
-    if cell.consumer == "stream":
+    if cell.consumer in ("stream", "astream"):  # its stream is LangChain's astream
 
         async def stream() -> Outcome:
             return await _read_lc_stream(cell, runnable.astream(MSG))
@@ -242,10 +254,8 @@ def _langchain(cell: Cell, sim: Addresses) -> System:
 
 
 def _plugin(cell: Cell, sim: Addresses) -> System:
-    """The plugin: its router directly (chunk consumers opt in to restarts), or its chat model."""
+    """The plugin on its defaults: its router directly, or its chat model."""
     policy: dict[str, Any] = dict(cell.scenario.plugin_policy)
-    if cell.consumer == "stream":
-        policy.update(PLUGIN_STREAM_POLICY)
     router = ResilientRouter(
         model_list=model_list(sim, cell), fallbacks=cell.scenario.fallbacks, policy=policy
     )
@@ -260,16 +270,14 @@ def _plugin(cell: Cell, sim: Addresses) -> System:
             sent.append((e.deployment_id, e.started_at - wall_to_monotonic, e.probe))
 
     router.subscribe(on_event)
-    if cell.consumer != "lc":
+    if cell.consumer not in ("lc", "astream"):
         return System(_direct(cell, router), router.close, opened, sent)
     from llm_resilience_plugin.langchain import ResilientChatModel
 
-    chat = ResilientChatModel(router=router, model=cell.scenario.primary, streaming=True)
-
-    async def lc() -> Outcome:
-        return _judge_message(cell, await chat.ainvoke(MSG))
-
-    return System(lc, router.close, opened, sent)
+    chat = ResilientChatModel(
+        router=router, model=cell.scenario.primary, streaming=True, **cell.scenario.request
+    )
+    return System(_over_chat(cell, chat), router.close, opened, sent)
 
 
 def build(cell: Cell, sim: Addresses) -> System:

@@ -15,7 +15,8 @@ others, which learn nothing from healthy calls. Then the fault is injected and t
 go out.
 
 Metrics per cell: success (complete answers only: one deployment's full text, finish reason
-``stop``), p50/p99 latency of every call (a call still running after CALL_CAP s is abandoned and
+``stop``), garbled (calls ending with ``stop`` on a text that is no deployment's answer),
+p50/p99 latency of every call (a call still running after CALL_CAP s is abandoned and
 counted as failed at CALL_CAP), upstream requests per call, share of calls answered by the
 primary group, time back on primary (seconds from the moment the primary is healthy again to
 the first request it answers; flapping and Retry-After), requests that met a fault, billed
@@ -41,12 +42,12 @@ import llm_resilience_plugin  # noqa: F401  (offline LiteLLM settings first)
 try:  # run as a script (python benchmarks/x.py) or imported as benchmarks.x
     from _chaos_scenarios import Scenario, healthy, scenarios
     from _chaos_sim import Request, SimulatorProcess
-    from _chaos_systems import PLUGIN_STREAM_POLICY, SYSTEMS, Cell, Outcome, System, build
+    from _chaos_systems import SYSTEMS, Cell, Outcome, System, build
     from _common import pct, write_json
 except ImportError:  # pragma: no cover
     from benchmarks._chaos_scenarios import Scenario, healthy, scenarios
     from benchmarks._chaos_sim import Request, SimulatorProcess
-    from benchmarks._chaos_systems import PLUGIN_STREAM_POLICY, SYSTEMS, Cell, Outcome, System, build
+    from benchmarks._chaos_systems import SYSTEMS, Cell, Outcome, System, build
     from benchmarks._common import pct, write_json
 
 CALL_CAP = 120.0  # seconds; twice the plugin's deadline: only systems without one come near it
@@ -63,7 +64,8 @@ async def _timed(system: System) -> tuple[Outcome, float]:
     except TimeoutError:
         outcome = Outcome(False, None, f"still running after {CALL_CAP:g} s")
     except Exception as exc:
-        outcome = Outcome(False, None, type(exc).__name__)
+        replaced = getattr(exc, "replacement", None) is not None  # the plugin's typed error
+        outcome = Outcome(False, None, type(exc).__name__ + (" with replacement" if replaced else ""))
     return outcome, time.monotonic() - t
 
 
@@ -166,6 +168,7 @@ def _metrics(
     return {
         "calls": calls,
         "success_rate": len(ok) / calls,
+        "garbled": sum(o.garbled for o, _ in results),
         "p50_s": pct(lat, 50),
         "p99_s": pct(lat, 99),
         "upstream_per_call": len(reqs) / calls,
@@ -261,7 +264,7 @@ def _num(value: float | None, fmt: str, missing: str = "-") -> str:
 def print_table(results: dict[str, Any]) -> None:
     """The Markdown table: one row per scenario, caller and system."""
     columns = [
-        "scenario", "caller", "system", "calls", "success", "p50 s", "p99 s", "upstream/call",
+        "scenario", "caller", "system", "calls", "success", "garbled", "p50 s", "p99 s", "upstream/call",
         "on primary", "back on primary s", "to failing", "billed", "sent while open",
     ]  # fmt: skip
     print("| " + " | ".join(columns) + " |")
@@ -277,7 +280,8 @@ def print_table(results: dict[str, Any]) -> None:
                 else:
                     back_s = f"{back:.1f}"
                 cells = [
-                    name, consumer, system, str(m["calls"]), f"{m['success_rate']:.0%}", f"{m['p50_s']:.2f}",
+                    name, consumer, system, str(m["calls"]), f"{m['success_rate']:.0%}", str(m["garbled"]),
+                    f"{m['p50_s']:.2f}",
                     f"{m['p99_s']:.2f}", f"{m['upstream_per_call']:.2f}", f"{m['on_primary']:.0%}",
                     back_s, str(m["to_failing"]), str(m["billed"]), _num(m["sent_while_open"], "d"),
                 ]  # fmt: skip
@@ -332,12 +336,17 @@ async def main() -> None:
     )
     print(f"\n{mode} run: --calls {args.calls} (paced scenarios: rate x duration), plugin warm-up "
           f"{args.warmup}, concurrency {args.concurrency}, cells: {layout}, call cap {CALL_CAP:g} s, "
-          f"{total:.0f} s; plugin chunk consumers with {PLUGIN_STREAM_POLICY}\n")  # fmt: skip
+          f"{total:.0f} s; every system on its defaults\n")  # fmt: skip
     print_table(results)
     print()
     for sc in chosen:
         pinned = ", ".join(f"{k}={v:g}" for k, v in sc.plugin_policy.items())
-        print(f"- {sc.name}: {sc.description}" + (f" (plugin: defaults + {pinned})" if pinned else ""))
+        asked = ", ".join(f"{k}={v:g}" for k, v in sc.request.items())
+        print(
+            f"- {sc.name}: {sc.description}"
+            + (f" (plugin: defaults + {pinned})" if pinned else "")
+            + (f" (every caller asks {asked})" if asked else "")
+        )
     out_path = args.out or str(RESULTS / f"chaos{'-quick' if args.quick else ''}.json")
     data = {
         "mode": mode,
@@ -347,7 +356,6 @@ async def main() -> None:
         "serial": args.serial,
         "call_cap_s": CALL_CAP,
         "total_s": total,
-        "plugin_stream_policy": PLUGIN_STREAM_POLICY,
         "scenarios": {
             sc.name: {"description": sc.description, "plugin_policy": sc.plugin_policy} for sc in chosen
         },

@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from llm_resilience_plugin.events import AttemptRecord, CallReport
@@ -230,14 +230,22 @@ class RouterClosedError(ResilienceError, RuntimeError):
 
 
 class StreamInterruptedError(ResilienceError):
-    """A stream failed after content reached the caller; carries the partial text and the cause."""
+    """A stream failed after content reached the caller; carries the partial text and the cause,
+    and ``replacement``: a complete answer to the same request from another route, obtained
+    without streaming, when one was had (else None)."""
 
     def __init__(
-        self, message: str, partial_text: str, cause: BaseException, report: CallReport | None
+        self,
+        message: str,
+        partial_text: str,
+        cause: BaseException,
+        report: CallReport | None,
+        replacement: Any = None,
     ) -> None:
         self.partial_text = partial_text
         self.cause = cause
         self.report = report
+        self.replacement = replacement
         super().__init__(message)
 
 

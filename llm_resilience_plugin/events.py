@@ -249,6 +249,41 @@ class StreamRestart:
         }
 
 
+BreakEnd = Literal["continued", "replayed", "diverged", "given_up"]
+
+
+@dataclass(frozen=True, slots=True)
+class StreamBreak:
+    """How one break of a stream after content ended under seamless recovery (published as an
+    event and kept in :attr:`CallReport.stream_breaks`).
+
+    ``continued``: another route continued the text by assistant prefill; ``replayed``: a route
+    answered again from scratch, its text matched what was shown, and only the rest was
+    streamed; ``diverged``: a replay's text differed from what was shown and was discarded (the
+    call moved on); ``given_up``: no way on was left (the caller gets
+    :class:`~llm_resilience_plugin.StreamInterruptedError`, with the replacement answer when
+    one was had). ``extra_tokens``: tokens this way cost beyond the answer the caller kept
+    (the prompt sent again, text generated again or discarded), when known; ``extra_cost`` the
+    same in dollars; ``wait_s``: how long the caller waited after the break for its next chunk.
+    """
+
+    call_id: str
+    model_group: str
+    error_class: ErrorClass
+    end: BreakEnd
+    broken_deployment: str | None
+    deployment_id: str | None = None
+    shown_chars: int = 0
+    extra_tokens: int | None = None
+    extra_cost: float | None = None
+    wait_s: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["error_class"] = str(self.error_class)
+        return d
+
+
 @dataclass(slots=True, repr=False)
 class CallReport:
     """What happened in one logical call; reach it with :func:`llm_resilience_plugin.get_report`."""
@@ -278,6 +313,8 @@ class CallReport:
     replayed: bool = False
     stream_restarts: int = 0
     skipped_stream_events: int = 0  # invalid SSE events dropped in place (the stream went on)
+    # How each break after content ended under seamless recovery; None until the first one.
+    _stream_breaks: list[StreamBreak] | None = None
     operation: str = "completion"  # LiteLLM's call: completion (chat), embedding, responses, ...
     queued_s: float = 0.0  # seconds the call waited for a rate-limit slot (pacing), all attempts
     paced: int = 0  # attempts that waited in a deployment's rate-limit queue before sending
@@ -299,6 +336,13 @@ class CallReport:
         return attempts
 
     @property
+    def stream_breaks(self) -> list[StreamBreak]:
+        """How each break of the stream after content ended (seamless recovery), in order."""
+        if self._stream_breaks is None:
+            self._stream_breaks = []
+        return self._stream_breaks
+
+    @property
     def degraded(self) -> list[str]:
         """How the answer was degraded to be had (context trimmed, a fallback level's limits, a
         static answer), in order; empty when it was not."""
@@ -318,7 +362,9 @@ class CallReport:
 
     def __repr__(self) -> str:
         shown = (
-            f.name.lstrip("_") for f in fields(self) if f.name == "_degraded" or not f.name.startswith("_")
+            f.name.lstrip("_")
+            for f in fields(self)
+            if f.name in ("_degraded", "_stream_breaks") or not f.name.startswith("_")
         )
         inner = ", ".join(f"{name}={getattr(self, name)!r}" for name in shown)
         return f"CallReport({inner}, attempts={self.attempts!r})"
@@ -372,6 +418,7 @@ class CallReport:
             "replayed": self.replayed,
             "stream_restarts": self.stream_restarts,
             "skipped_stream_events": self.skipped_stream_events,
+            "stream_breaks": [b.to_dict() for b in self._stream_breaks or ()],
             "operation": self.operation,
             "queued_s": self.queued_s,
             "paced": self.paced,
@@ -430,6 +477,7 @@ Event = (
     | FallbackTaken
     | HedgeSent
     | StreamRestart
+    | StreamBreak
     | BreakerTransition
     | CallReport
 )
@@ -465,6 +513,7 @@ _EVENT_NAMES: dict[type, str] = {
     FallbackTaken: "fallback",
     HedgeSent: "hedge",
     StreamRestart: "stream_restart",
+    StreamBreak: "stream_break",
     BreakerTransition: "breaker",
     Paced: "paced",
     CallReport: "call",
@@ -530,6 +579,7 @@ __all__ = [
     "Outcome",
     "Paced",
     "RetryScheduled",
+    "StreamBreak",
     "StreamRestart",
     "event_dict",
     "event_name",

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from llm_resilience_plugin._engine.breakers import Admission, DeploymentBreaker
 from llm_resilience_plugin._engine.core import CallState
 from llm_resilience_plugin._engine.pacing import Grant
-from llm_resilience_plugin._engine.prefill import can_prefill
+from llm_resilience_plugin._engine.prefill import fits
 from llm_resilience_plugin.errors import CircuitOpenError, Failure
 from llm_resilience_plugin.events import AttemptGuard
 
@@ -124,7 +124,7 @@ class AttemptContext:
                 return kept
         breakers = self.engine.breakers
         call = self.call
-        if not call.failed and not self.exclude and not call.require_prefill and self.engine.all_clear():
+        if not call.failed and not self.exclude and not call.restricted and self.engine.all_clear():
             # Fast path: every breaker closed, nothing held: LiteLLM's candidates stand as they are.
             if len(healthy) == 1:
                 self.pick(deployment_id_of(healthy[0]))
@@ -136,8 +136,8 @@ class AttemptContext:
         blocked: list[str] = []
         for d in healthy:
             dep = deployment_id_of(d)
-            if call.require_prefill and not can_prefill(self.engine, dep):
-                continue  # cannot continue the stream: not a candidate (nor a breaker's doing)
+            if call.restricted and not fits(self.engine, call, dep):
+                continue  # cannot recover the stream: not a candidate (nor a breaker's doing)
             b = breakers.get(dep)
             if b is None:
                 preferred.append(d)

@@ -72,8 +72,9 @@ class CallOptions:
     stream_idle_timeout: float | None = None
     priority: str | None = None
     scenario: str | None = None
-    # True/False, or "answer" (recover by asking again without streaming); None: the policy decides
-    recover_streams: bool | Literal["answer"] | None = None
+    # True/"restart" (the marker protocol), "seamless", "answer" (asking again without
+    # streaming) or False; None: the policy decides (see :func:`stream_recovery_mode`)
+    recover_streams: bool | Literal["answer", "restart", "seamless"] | None = None
     recovered_by_caller: bool = False  # the caller recovers a stream broken after content itself
     avoid: frozenset[str] = frozenset()  # deployment ids this call never sends to
     deadline_cap: float | None = None  # seconds an enclosing run has left: the call never outlives it
@@ -204,10 +205,12 @@ def split_options(kwargs: Mapping[str, Any]) -> tuple[CallOptions, dict[str, Any
     if scenario is not None and not isinstance(scenario, str):
         raise ConfigError("scenario", "must be a string naming a configured static answer")
     recover = kwargs.get("recover_streams")
-    if recover is not None and not isinstance(recover, bool) and recover != "answer":
+    if recover is not None and not isinstance(recover, bool) and recover not in RECOVERY_VALUES:
         raise ConfigError(
             "recover_streams",
-            "must be True, False or 'answer' (ask again without streaming); None: as the policy says",
+            "must be 'seamless' (go on without a marker), 'restart' or True (the StreamRestart "
+            "marker protocol), 'answer' (ask again without streaming) or False (raise at once); "
+            "None: as the policy says",
         )
     by_caller = kwargs.get("recovered_by_caller", False)
     if not isinstance(by_caller, bool):
@@ -232,11 +235,15 @@ def split_options(kwargs: Mapping[str, Any]) -> tuple[CallOptions, dict[str, Any
 
 
 def streams_recovered(call: CallState, asked: EffectivePolicy) -> bool:
-    """Would ``call``'s stream be recovered if it broke after content now - by the router (the
-    call's ``recover_streams``, else ``asked``, the requested group's policy, while its restart
-    cap is not reached) or by its caller (``recovered_by_caller``)? Only then may its idle limit
-    be learned below the default: otherwise a cut would end the caller's answer."""
-    return call.opts.recovered_by_caller or router_resumes(call, asked)
+    """Would ``call``'s stream be recovered with its answer kept if it broke after content now -
+    by the router's marker protocol or ``"answer"`` mode (the call's ``recover_streams``, else
+    ``asked``, the requested group's policy, while its restart cap is not reached) or by its
+    caller (``recovered_by_caller``)? Only then may its idle limit be learned below the default:
+    otherwise a cut would end the caller's answer. Seamless recovery does not count: where no
+    route continues and no replay reproduces, it ends in the typed error."""
+    if call.opts.recovered_by_caller:
+        return True
+    return router_resumes(call, asked) and stream_recovery_mode(call.opts, asked) != "seamless"
 
 
 def router_resumes(call: CallState, asked: EffectivePolicy) -> bool:
@@ -248,10 +255,29 @@ def router_resumes(call: CallState, asked: EffectivePolicy) -> bool:
 
 def router_recovers_streams(opts: CallOptions, pol: EffectivePolicy) -> bool:
     """Does the router itself resume this call's stream when it breaks after content (the
-    call's ``recover_streams``, else the policy's restart/prefill switches)?"""
-    if opts.recover_streams is not None:
-        return bool(opts.recover_streams)
-    return pol.restart_broken_streams or pol.continue_streams_with_prefill
+    call's ``recover_streams``, else the policy's switches)?"""
+    return stream_recovery_mode(opts, pol) != "off"
+
+
+RecoveryMode = Literal["off", "seamless", "restart", "answer"]
+RECOVERY_VALUES = frozenset({"answer", "restart", "seamless"})
+
+
+def stream_recovery_mode(opts: CallOptions, pol: EffectivePolicy) -> RecoveryMode:
+    """How a break after content goes on: the call's ``recover_streams`` (True is ``"restart"``),
+    else the marker protocol where the policy opts in (``restart_broken_streams``,
+    ``continue_streams_with_prefill``), else ``"seamless"`` unless ``recover_broken_streams``
+    is off."""
+    chosen = opts.recover_streams
+    if chosen is True:
+        return "restart"
+    if chosen is False:
+        return "off"
+    if chosen is not None:
+        return chosen
+    if pol.restart_broken_streams or pol.continue_streams_with_prefill:
+        return "restart"
+    return "seamless" if pol.recover_broken_streams else "off"
 
 
 class Served(NamedTuple):
@@ -282,12 +308,19 @@ class CallState:
     failures: Sequence[Failure] = ()
     opts: CallOptions = NO_OPTIONS
     tier: TierPolicy | None = None
-    require_prefill: bool = False
+    require_prefill: bool = False  # a broken stream's continuation: only deployments taking a prefill
+    only_model: str | None = None  # a broken stream's replay: only deployments of this model
+    stream_broke: frozenset[str] = frozenset()  # deployments whose stream broke on this call
     tentative: bool = False  # a walk whose failure is not the call's end (a stream recovering)
     out_of_time: bool = False  # a retry or fallback was given up because it would not fit
     served: Served | None = None  # the last answer, as its attempt read it
     context: Any = None  # what the dispatcher needs for this call (e.g. a LangChain run's config)
     operation: str = "completion"  # which LiteLLM call each attempt makes (see _engine.dispatch)
+
+    @property
+    def restricted(self) -> bool:
+        """Is the call recovering a broken stream on a subset of routes (prefill, same model)?"""
+        return self.require_prefill or self.only_model is not None
 
     def add_failure(self, failure: Failure) -> None:
         """Count one more failure of this call (an attempt's, or a route skipped)."""

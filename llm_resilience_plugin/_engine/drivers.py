@@ -30,7 +30,7 @@ from llm_resilience_plugin._engine.degradation import (
 )
 from llm_resilience_plugin._engine.engine import Engine
 from llm_resilience_plugin._engine.hedging import HedgeState
-from llm_resilience_plugin._engine.prefill import can_prefill
+from llm_resilience_plugin._engine.prefill import fits
 from llm_resilience_plugin._engine.retry import (
     AttemptFailed,
     GroupRetryState,
@@ -104,7 +104,7 @@ def _after_exhausted(
             _static_answer(engine, call, walk.requested, failure, walk.messages)
             if engine.degrades
             and call.operation == "completion"  # a static answer is a chat reply
-            and not call.require_prefill  # nor a continuation of a broken stream
+            and not call.restricted  # nor a continuation of a broken stream
             else None
         )
         if static is not None:
@@ -274,7 +274,7 @@ def finish(
     level: int = 0,
 ) -> None:
     """Fill the call's report from its outcome and publish it (a live stream publishes at its end)."""
-    if failure is not None and (call.tentative or call.require_prefill):
+    if failure is not None and (call.tentative or call.restricted):
         return  # not the call's end: a broken stream recovering has another way to go
     r = call.report
     r.total_latency_s = engine.clock.wall() - r.started_at
@@ -303,9 +303,9 @@ def finish(
 def _has_candidates(engine: Engine, call: CallState, group: str) -> bool:
     """Is any deployment of ``group`` left that this call has not ruled out (and, for a stream
     continued by prefill, that can take one)?"""
-    if call.require_prefill:
+    if call.restricted:
         return any(
-            d not in call.never_again and can_prefill(engine, d) for d in engine.group_deployments[group]
+            d not in call.never_again and fits(engine, call, d) for d in engine.group_deployments[group]
         )
     return any(d not in call.never_again for d in engine.group_deployments[group])
 
@@ -314,9 +314,7 @@ def _passed_over(engine: Engine, call: CallState, group: str) -> Failure | None:
     """The failure to hand on when the walk goes straight past ``group``, nothing to record:
     every deployment of it already failed this call (a stream resuming elsewhere), the caller's
     avoid_deployments rule them all out, or none can continue a stream by prefill. None: try it."""
-    if (call.failures or call.opts.avoid or call.require_prefill) and not _has_candidates(
-        engine, call, group
-    ):
+    if (call.failures or call.opts.avoid or call.restricted) and not _has_candidates(engine, call, group):
         return _last_failure(call, group)
     return None
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from llm_resilience_plugin._engine import stream_recovery
 from llm_resilience_plugin._engine.attempts import stream_ended
 from llm_resilience_plugin.errors import Failure
-from llm_resilience_plugin.events import CallReport, Event
+from llm_resilience_plugin.events import CallReport, Event, StreamBreak
 
 if TYPE_CHECKING:
     from llm_resilience_plugin._engine.attempt import AttemptContext
@@ -133,6 +133,27 @@ class LiveAttempt:
         if self._actx.guard_tokens:
             self._actx.settle_guards(None, None, None, billable=True, produced=any(parts))
 
+    def discarded(self, usage: dict[str, int] | None, produced: bool) -> None:
+        """A replay whose text differed from what the caller saw was dropped: its breaker counts
+        nothing (the deployment answered), the guards settle what it generated, and no report
+        is published (the call goes on)."""
+        self._engine.release(self._actx.admission)
+        if self._actx.guard_tokens:
+            self._actx.settle_guards(None, usage, None, billable=True, produced=produced)
+
+    @property
+    def seamless(self) -> bool:
+        """Is a break after content recovered without a marker (see :mod:`.stream_recovery`)?"""
+        return stream_recovery.seamless(self._engine, self._actx.call)
+
+    def gave_up(self, failure: Failure, shown: int) -> None:
+        """A seamless recovery's cap is reached: record the break as given up, publish the report."""
+        stream_recovery.gave_up(self._engine, self._actx.call, failure, self._actx.picked, shown, None)
+
+    def record_break(self, brk: StreamBreak) -> None:
+        """Keep how a break ended in the report, and publish it."""
+        stream_recovery.record_break(self._engine, self._actx.call, brk)
+
     def may_recover(self, resendable: bool) -> bool:
         """Will a break after content be recovered (see :func:`.stream_recovery.may_recover`)?"""
         return resendable and stream_recovery.may_recover(self._engine, self._actx.call)
@@ -145,11 +166,25 @@ class LiveAttempt:
         shown: str,
         *,
         saw_tools: bool,
+        diverged: str | None = None,
     ) -> Recovered | None:
         """Resume the call elsewhere after this attempt broke (None: it could not; the report is
-        then published as the original failure)."""
+        then published as the original failure). ``diverged``: seamless recovery moves on after
+        that deployment's replay differed."""
         engine, call = self._engine, self._actx.call
         try:
+            if self.seamless:
+                return await stream_recovery.recover_seamless(
+                    engine,
+                    call,
+                    self._actx,
+                    failure,
+                    messages,
+                    kwargs,
+                    shown,
+                    saw_tools=saw_tools,
+                    diverged=diverged,
+                )
             return await stream_recovery.recover(
                 engine, call, self._actx, failure, messages, kwargs, shown, saw_tools=saw_tools
             )

@@ -55,6 +55,17 @@ def can_prefill(engine: Engine, dep: str) -> bool:
     return known
 
 
+def fits(engine: Engine, call: CallState, dep: str) -> bool:
+    """Can ``dep`` take this call's recovery of a broken stream: a prefill where one is
+    required, the replayed model where one is named?"""
+    if call.require_prefill and not can_prefill(engine, dep):
+        return False
+    if call.only_model is not None:
+        info = engine.deployments.get(dep)
+        return info is not None and info.model == call.only_model
+    return True
+
+
 def refused_prefill(engine: Engine) -> frozenset[str]:
     """The deployments that refused a prefill on this engine (never offered one again)."""
     return frozenset(_state(engine).refused)

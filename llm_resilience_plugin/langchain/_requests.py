@@ -263,7 +263,19 @@ class ChatRequest:
                 "recover_streams": "answer" if recover is True else recover,
                 "stream_options": options,
             }
+        recover = params.get("recover_streams")
+        if recover is True or recover == "restart" or (recover is None and self._marks_restarts()):
+            # LangChain cannot take back a chunk: recovery on means seamless (no marker)
+            return {**params, "recover_streams": "seamless", "stream_options": options}
         return {**params, "stream_options": options}
+
+    def _marks_restarts(self) -> bool:
+        """Would the group's policy recover a broken stream with the marker protocol?"""
+        policy_of = getattr(self.router, "effective_policy", None)  # None: a request built bare
+        if policy_of is None:
+            return False
+        pol = policy_of(self.group)
+        return bool(pol.restart_broken_streams or pol.continue_streams_with_prefill)
 
     def identity(self) -> tuple[Any, ...]:
         """What makes two requests the same: the group, the messages and the parameters."""

@@ -414,6 +414,8 @@ class RouterEventLogger:
         }
         if r.skipped_stream_events:
             out["skipped_stream_events"] = r.skipped_stream_events
+        if r.stream_breaks:  # how each break after content ended (seamless recovery)
+            out["stream_breaks"] = [b.to_dict() for b in r.stream_breaks]
         if seen is not None:
             out["metadata"] = seen.metadata
             if seen.tags:

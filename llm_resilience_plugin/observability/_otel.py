@@ -31,6 +31,7 @@ from llm_resilience_plugin.events import (
     HedgeSent,
     Paced,
     RetryScheduled,
+    StreamBreak,
     StreamRestart,
 )
 from llm_resilience_plugin.observability import _semconv as sc
@@ -311,7 +312,7 @@ def _transition_event(t: BreakerTransition) -> tuple[str, dict[str, Any]]:
 
 
 def _event_attributes(event: Event) -> tuple[str | None, dict[str, Any]]:
-    """The span event (name, attributes) of a retry, fallback, hedge or stream restart."""
+    """The span event (name, attributes) of a retry, fallback, hedge, stream restart or break."""
     if isinstance(event, RetryScheduled):
         attrs: dict[str, Any] = {
             f"{sc.NS}.retry_number": event.retry_number,
@@ -347,6 +348,21 @@ def _event_attributes(event: Event) -> tuple[str | None, dict[str, Any]]:
             f"{sc.NS}.error_class": str(event.error_class),
             f"{sc.NS}.model_group": event.model_group,
             f"{sc.NS}.discarded_chars": len(event.discarded_text),
+        }
+    if isinstance(event, StreamBreak):
+        optional = {
+            f"{sc.NS}.broken_deployment": event.broken_deployment,
+            f"{sc.NS}.deployment_id": event.deployment_id,
+            f"{sc.NS}.extra_tokens": event.extra_tokens,
+            f"{sc.NS}.extra_cost": event.extra_cost,
+            f"{sc.NS}.wait_s": event.wait_s,
+        }
+        return f"{sc.NS}.stream_break", {
+            f"{sc.NS}.end": event.end,
+            f"{sc.NS}.error_class": str(event.error_class),
+            f"{sc.NS}.model_group": event.model_group,
+            f"{sc.NS}.shown_chars": event.shown_chars,
+            **{k: v for k, v in optional.items() if v is not None},
         }
     return None, {}
 

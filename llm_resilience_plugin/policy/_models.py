@@ -11,6 +11,7 @@ from llm_resilience_plugin.errors import ErrorClass
 from llm_resilience_plugin.policy._observability import ObservabilityPolicy
 
 Action = Literal["retry", "failover", "fail"]
+ReplayRule = Literal["auto", "always", "never"]
 # Error classes are keys written as strings in YAML: matched by value, everything else is strict.
 ClassKey = Annotated[ErrorClass, Strict(False)]
 
@@ -233,6 +234,8 @@ class GroupPolicy(Model):
     retry_budget: RetryBudgetPolicy | None = None
     hedge: HedgePolicy | None = None
     degradation: DegradationPolicy | None = None
+    recover_broken_streams: bool | None = None
+    replay_broken_streams: ReplayRule | None = None
     restart_broken_streams: bool | None = None
     continue_streams_with_prefill: bool | None = None
     classes: dict[ClassKey, ClassPolicy] = Field(default_factory=dict)
@@ -338,6 +341,17 @@ class ResiliencePolicy(Model):
     retry_budget: RetryBudgetPolicy = Field(default_factory=RetryBudgetPolicy)
     hedge: HedgePolicy | None = None
     degradation: DegradationPolicy = Field(default_factory=DegradationPolicy)
+    recover_broken_streams: bool = Field(
+        default=True,
+        description="Streams broken after content go on seamlessly (prefill continuation, verified "
+        "replay; no marker); else, or when nothing works, StreamInterruptedError (docs/streaming.md).",
+    )
+    replay_broken_streams: ReplayRule = Field(
+        default="auto",
+        description="Seamless recovery: when a broken stream is replayed from scratch and checked "
+        "against what was shown. 'auto': only a reproducible request (temperature 0 or a seed, one "
+        "choice) on a deployment of the same model; 'always'; 'never'.",
+    )
     restart_broken_streams: bool = False
     continue_streams_with_prefill: bool = False
     max_stream_restarts: int = Field(
@@ -402,6 +416,8 @@ class ResiliencePolicy(Model):
             retry_budget=pick("retry_budget"),
             hedge=pick("hedge"),
             degradation=pick("degradation"),
+            recover_broken_streams=pick("recover_broken_streams"),
+            replay_broken_streams=pick("replay_broken_streams"),
             restart_broken_streams=pick("restart_broken_streams"),
             continue_streams_with_prefill=pick("continue_streams_with_prefill"),
             max_stream_restarts=self.max_stream_restarts,
@@ -436,6 +452,8 @@ class EffectivePolicy(Model):
     retry_budget: RetryBudgetPolicy
     hedge: HedgePolicy | None
     degradation: DegradationPolicy
+    recover_broken_streams: bool = True
+    replay_broken_streams: ReplayRule = "auto"
     restart_broken_streams: bool
     continue_streams_with_prefill: bool
     max_stream_restarts: int = 3

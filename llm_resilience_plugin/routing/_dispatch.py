@@ -111,7 +111,7 @@ class RouterDispatcher:
         token = attempt.token
         ATTEMPTS[token] = attempt
         epoch = engine.epoch  # before all_clear(): a transition in between makes the attempt precise
-        filtered = bool(call.failed or attempt.exclude or call.require_prefill) or not engine.all_clear()
+        filtered = bool(call.failed or attempt.exclude or call.restricted) or not engine.all_clear()
         # A precise attempt learns its deployment from the pick hook as the request goes out (a
         # hedge must know it while the request is in flight); the rest (every breaker closed, no
         # guard) read it back from the metadata LiteLLM fills in.

@@ -2,24 +2,28 @@
 
 Chunks are read inside the attempt until the first one with content, a tool call or a finish
 reason, so failures before anything reaches the caller are ordinary (retryable) attempt
-failures. After that, a failure raises :class:`StreamInterruptedError` with the partial text —
-or, where recovery is on, the engine resumes the call (:mod:`.._engine.stream_recovery`) and the
-stream yields a :class:`StreamRestart` marker before the new route's chunks. A stream that ends
-without a finish reason is never a success. Streams reach the engine only through their
-:class:`LiveAttempt`.
+failures. After that, a failure is recovered by the engine (:mod:`.._engine.stream_recovery`):
+by default seamlessly - the stream simply goes on with a continuation, or with a replay whose
+text was checked against what the caller saw (only the rest is yielded) - else it raises
+:class:`StreamInterruptedError` with the partial text (and a replacement answer, if one was
+had). With the marker protocol the stream yields a :class:`StreamRestart` marker before the new
+route's chunks. A stream that ends without a finish reason is never a success. Streams reach
+the engine only through their :class:`LiveAttempt`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import functools
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from llm_resilience_plugin._engine.watchdog import AttemptWatchdog
 from llm_resilience_plugin.errors import Failure, StreamInterruptedError
-from llm_resilience_plugin.events import CallReport, StreamRestart, hidden_params_of
+from llm_resilience_plugin.events import CallReport, StreamBreak, StreamRestart, hidden_params_of
 from llm_resilience_plugin.routing._chunks import (
     chunk_finish,
     chunk_has_payload,
@@ -97,6 +101,40 @@ def _after_prefix(chunks: list[Any], skip: int) -> list[Any]:
     return out
 
 
+def _rest_after(chunks: list[Any], skip: int) -> list[Any]:
+    """A verified replay's held chunks after the ``skip`` characters the caller already has: what
+    lies before that point is dropped whole (text, the role, a Responses event that opens the
+    answer: the caller has them), a chunk cut in the middle keeps its tail."""
+    out: list[Any] = []
+    for chunk in chunks:
+        text = chunk_text(chunk)
+        if skip <= 0:
+            out.append(chunk)
+        elif len(text) <= skip:
+            skip -= len(text)
+        else:
+            set_chunk_text(chunk, text[skip:])
+            skip = 0
+            out.append(chunk)
+    return out
+
+
+def _record_end(live: LiveAttempt, brk: StreamBreak, waited: float, stream: ResilientStream) -> None:
+    """Record how a break ended once the stream that went on ends: the caller's wait for its next
+    chunk, and the extra tokens - the prompt sent again and, for a replay, the part of its
+    completion that repeated what was shown (by its share of the replay's text) - with their
+    share of the attempt's cost."""
+    usage, extra, cost = stream.usage, None, None
+    if usage is not None:
+        extra = usage["prompt_tokens"]
+        total_chars = len("".join(stream._parts))
+        if brk.end == "replayed" and total_chars:
+            extra += round(usage["completion_tokens"] * min(1.0, brk.shown_chars / total_chars))
+        if stream.cost is not None and usage["total_tokens"]:
+            cost = stream.cost * extra / usage["total_tokens"]
+    live.record_break(dataclasses.replace(brk, wait_s=waited, extra_tokens=extra, extra_cost=cost))
+
+
 class ResilientStream:
     """An async iterator of LiteLLM chunks (see the module docstring for the guarantees). It only
     relays chunks: accounting and recovery are the engine's, through its :class:`LiveAttempt`."""
@@ -122,6 +160,9 @@ class ResilientStream:
         self._shown_before = ""  # the text this stream continues (assistant prefill), if any
         self._next: ResilientStream | StaticStream | None = None
         self._saw_tools = False
+        self._failure: Failure | None = None  # the break being recovered (seamless: moving on)
+        self._on_end: Callable[[ResilientStream], None] | None = None  # records a recovery
+        self.cost: float | None = None  # this attempt's own cost, as its chunks report it
         self.report = live.report
         self.report.ttft_s = live.ttft
         self.usage: dict[str, int] | None = None
@@ -136,6 +177,11 @@ class ResilientStream:
         if self._next is not None:
             return self._next.partial_text
         return self._shown_before + "".join(self._parts)
+
+    @property
+    def picked(self) -> str | None:
+        """The deployment this stream's attempt reads from."""
+        return self._live.picked
 
     def _successor(self, nxt: Any, continues: str) -> Any:
         """Hand the recovered stream what a further recovery needs: the caller's own messages
@@ -186,6 +232,10 @@ class ResilientStream:
             raise
         except Exception as exc:
             recovered = await self._recover(exc)
+            if live.seamless and self._failure is not None and self._messages is not None:
+                async for item in self._go_on(recovered, exc):
+                    yield item
+                return
             if recovered is None:
                 raise StreamInterruptedError(
                     f"stream from {live.picked} failed after {len(self.partial_text)} chars: {exc}",
@@ -202,12 +252,100 @@ class ResilientStream:
         """Account for the break and let the engine resume the call elsewhere, if it may."""
         live = self._live
         recovering = live.may_recover(self._messages is not None)
-        failure = self._fail(exc, final=not recovering)
+        quits = not recovering and live.seamless  # no way on is left: recorded as given up
+        failure = self._fail(exc, final=not recovering and not quits)
+        if quits and failure is not None:
+            live.gave_up(failure, len(self.partial_text))
         if not recovering or failure is None or self._messages is None:
             return None
+        self._failure = failure
         return await live.recover(
             failure, self._messages, self._kwargs, self.partial_text, saw_tools=self._saw_tools
         )
+
+    async def _go_on(self, recovered: Recovered | None, exc: BaseException) -> AsyncIterator[Any]:
+        """Seamless recovery: the rest of the answer with nothing in-band. A continuation goes on
+        as it comes; a replay is held back until its text covers what the caller has - identical:
+        only the rest is yielded; different: it is dropped and the call moves on. When no way is
+        left, :class:`StreamInterruptedError` (with the replacement answer, if one was had)."""
+        live, failure, messages = self._live, self._failure, self._messages
+        assert failure is not None and messages is not None
+        delivered, broke, since = self.partial_text, live.picked, live.now()
+        while recovered is not None and recovered.way != "replacement":
+            nxt = recovered.result
+            continued = recovered.way == "continue"
+            brk = StreamBreak(
+                live.call.call_id,
+                live.call.report.requested_group,
+                failure.error_class,
+                "continued" if continued else "replayed",
+                broke,
+                getattr(nxt, "picked", None),
+                len(delivered),
+            )
+            if isinstance(nxt, ResilientStream):  # what its own recovery would need
+                nxt._messages, nxt._shown_before = messages, delivered if continued else ""
+            it = nxt.__aiter__()
+            if continued:
+                rest: list[Any] = []
+            else:
+                try:
+                    rest, same = await self._verify(it, delivered)
+                except StreamInterruptedError as err:  # the replay broke too, with no way left
+                    raise StreamInterruptedError(
+                        str(err), delivered, err.cause, self.report, err.replacement
+                    ) from err.cause
+                except (GeneratorExit, asyncio.CancelledError):  # the caller left meanwhile
+                    await nxt.aclose()  # the report says cancelled
+                    raise
+                if not same:
+                    live.record_break(dataclasses.replace(brk, end="diverged"))
+                    await nxt.discard()
+                    with contextlib.suppress(Exception):
+                        await it.aclose()  # type: ignore[attr-defined]
+                    recovered = await live.recover(
+                        failure,
+                        messages,
+                        self._kwargs,
+                        delivered,
+                        saw_tools=self._saw_tools,
+                        diverged=brk.deployment_id,
+                    )
+                    continue
+            self._next = nxt
+            if isinstance(nxt, ResilientStream):
+                nxt._on_end = functools.partial(_record_end, live, brk, live.now() - since)
+            for chunk in rest:
+                yield chunk
+            async for chunk in it:
+                yield chunk
+            return
+        replacement = None if recovered is None else recovered.result
+        attached = "; a replacement answer is attached (.replacement)" if replacement is not None else ""
+        raise StreamInterruptedError(
+            f"stream from {broke} failed after {len(delivered)} chars: {exc}{attached}",
+            delivered,
+            exc,
+            self.report,
+            replacement,
+        ) from exc
+
+    async def _verify(self, it: AsyncIterator[Any], delivered: str) -> tuple[list[Any], bool]:
+        """Read a replay until its text covers ``delivered``, parts from it or finishes: (its
+        chunks after what the caller has, is it the same so far?). A finish is never read past
+        here, so a replay that falls short has not ended (nor published the call's report)."""
+        held: list[Any] = []
+        text = ""
+        async for chunk in it:
+            held.append(chunk)
+            text += chunk_text(chunk)
+            if len(text) < len(delivered) and chunk_has_tool_call(chunk):
+                return held, False  # the caller saw text where the replay calls a tool
+            if len(text) >= len(delivered) or not delivered.startswith(text) or chunk_finish(chunk):
+                break
+        if not text.startswith(delivered):
+            return held, False
+        return _rest_after(held, len(delivered)), True
 
     async def _resumed(self, recovered: Recovered) -> AsyncIterator[Any]:
         """The rest of the answer. A restart that repeats what the caller already has word for
@@ -216,6 +354,7 @@ class ResilientStream:
         (holding the whole answer) is the last item."""
         marker = recovered.marker
         live = self._live
+        assert marker is not None
         if marker.mode == "answer":  # published by the engine with the call's report
             yield marker
             return
@@ -267,7 +406,7 @@ class ResilientStream:
             self.report.served_model = chunk_model(chunk)
         cost = (hidden_params_of(chunk) or {}).get("response_cost")
         if isinstance(cost, int | float) and not isinstance(cost, bool):
-            self.report.response_cost = float(cost)
+            self.report.response_cost = self.cost = float(cost)
 
     def _end(self) -> bool:
         """Mark the stream ended (False: it already was)."""
@@ -276,6 +415,9 @@ class ResilientStream:
         self._closed = True
         self._abandoned.detach()
         self._count_skips()
+        if self._on_end is not None:  # a recovery's record, before the report is published
+            on_end, self._on_end = self._on_end, None
+            on_end(self)
         return True
 
     def _succeed(self) -> None:
@@ -299,17 +441,28 @@ class ResilientStream:
         if skipper is not None and skipper.skipped:
             self.report.skipped_stream_events += skipper.skipped
 
-    async def aclose(self) -> None:
-        """Stop early (the deployment's breaker counts neither success nor failure)."""
-        self._close_cancelled()
+    async def discard(self) -> None:
+        """Drop a replay whose text differed: quietly (no report: the call goes on elsewhere)."""
+        if self._end():
+            self._live.discarded(self.usage, bool(self._parts))
         if self._next is not None:
-            await self._next.aclose()
+            await self._next.discard()
+        await self._close_source()
+
+    async def _close_source(self) -> None:
         close = getattr(self._pre.stream, "aclose", None)
         if close is not None:
             try:
                 await close()
             except Exception:
                 pass
+
+    async def aclose(self) -> None:
+        """Stop early (the deployment's breaker counts neither success nor failure)."""
+        self._close_cancelled()
+        if self._next is not None:
+            await self._next.aclose()
+        await self._close_source()
 
 
 class StaticStream:
@@ -336,6 +489,10 @@ class StaticStream:
         self._publish(self.report)
 
     async def aclose(self) -> None:
+        return None
+
+    async def discard(self) -> None:
+        """Nothing to stop: the answer is one chunk."""
         return None
 
 

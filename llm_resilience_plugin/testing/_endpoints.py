@@ -208,7 +208,9 @@ class OtherEndpoints:
     async def _complete(self, call: Call) -> web.StreamResponse:
         body = call.body
         prompts = _texts(body.get("prompt")) or [""]
-        words, finish = _words(default_text(call.deployment, prompts[-1]), body.get("max_tokens"))
+        words, finish = _words(
+            call.behavior.text or default_text(call.deployment, prompts[-1]), body.get("max_tokens")
+        )
         usage = {
             "prompt_tokens": call.prompt_tokens,
             "completion_tokens": len(words),
@@ -275,7 +277,8 @@ class OtherEndpoints:
     async def _respond(self, call: Call) -> web.StreamResponse:
         body = call.body
         words, finish = _words(
-            default_text(call.deployment, _responses_text(body.get("input"))), body.get("max_output_tokens")
+            call.behavior.text or default_text(call.deployment, _responses_text(body.get("input"))),
+            body.get("max_output_tokens"),
         )
         text = "".join(words)
         rid, mid = f"resp_sim_{call.number}", f"msg_sim_{call.number}"

@@ -71,10 +71,36 @@ def _apply_limits(text: str, body: Mapping[str, Any]) -> tuple[list[str], str]:
     return words, finish
 
 
+def _prefill(messages: list[Any]) -> str | None:
+    """The text of a trailing assistant prefill (``{"role": "assistant", "prefix": True}``), if any."""
+    last = messages[-1] if messages and isinstance(messages[-1], dict) else {}
+    if last.get("role") != "assistant" or not last.get("prefix"):
+        return None
+    return content_text(last.get("content"))[0]
+
+
+def _continued(reply: Reply, prefill: str) -> Reply:
+    """What a model continuing ``prefill`` says: the rest of its own answer when that starts with
+    the prefill, else its answer after as many words as the prefill holds (the continuation of
+    a text it did not write); limits count the continuation only."""
+    if reply.content is None:
+        return reply
+    if reply.content.startswith(prefill):
+        words = _split_words(reply.content[len(prefill) :])
+    else:
+        words = reply.words[len(_split_words(prefill)) :]
+    return Reply("".join(words), words, reply.finish_reason, len(words))
+
+
 def build_reply(body: Mapping[str, Any], deployment: str, text: str | None) -> Reply:
-    """The reply to a chat request ``body``; a fixed ``text`` skips tool calls and structured output."""
+    """The reply to a chat request ``body``; a fixed ``text`` skips tool calls and structured output.
+    A trailing assistant prefill is continued (see :func:`_continued`)."""
     raw_messages = body.get("messages")
     messages: list[Any] = raw_messages if isinstance(raw_messages, list) else []
+    prefill = _prefill(messages)
+    if prefill is not None:
+        reply = build_reply({**body, "messages": messages[:-1]}, deployment, text)
+        return _continued(reply, prefill)
     last = messages[-1] if messages and isinstance(messages[-1], dict) else {}
     user_text = last_text(messages, "user")
     if text is None:

@@ -42,7 +42,7 @@ def test_a_missed_threshold_exits_1_and_gives_advice(tmp_path: Path) -> None:
     r = _run(str(CONFIG), "--scenario", str(scenario), "--plot", str(tmp_path / "t.html"))
     assert r.returncode == 1, r.stdout + r.stderr
     assert "my-cut: success" in r.stdout and "< min_success 0.999" in r.stdout
-    assert "restart_broken_streams: true" in r.stdout
+    assert "supports_assistant_prefill: true" in r.stdout  # the advice names what lets it go on
     assert "<img" in (tmp_path / "t.html").read_text()
 
 

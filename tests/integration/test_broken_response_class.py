@@ -41,7 +41,8 @@ async def test_a_stream_broken_after_content_is_connection_with_no_status(
 ) -> None:
     router = make_router({"primary": ["a"]})
     sim.script("a", fault)
-    stream = await router.acompletion(model="primary", messages=LONG, stream=True)
+    # recovery off: the break itself, as the caller would see it unrecovered
+    stream = await router.acompletion(model="primary", messages=LONG, stream=True, recover_streams=False)
     with pytest.raises(StreamInterruptedError) as info:
         await collect(stream)
     assert info.value.partial_text

@@ -175,7 +175,9 @@ async def test_stream_cut_after_content_settles_the_estimate(
     guard = CostGuard([Budget.daily(1.0)])
     router = make_router({"primary": ["a"]}, guards=[guard])
     sim.set_default("a", Fault.stream_cut(after_chunks=3))
-    stream = await router.acompletion(model="primary", messages=MSG, stream=True, max_tokens=50)
+    stream = await router.acompletion(
+        model="primary", messages=MSG, stream=True, max_tokens=50, recover_streams=False
+    )
     with pytest.raises(StreamInterruptedError):
         async for _ in stream:
             pass

@@ -16,6 +16,7 @@ import pytest
 from langchain_core.runnables import RunnableConfig, RunnableLambda
 from langchain_litellm import ChatLiteLLM
 
+from llm_resilience_plugin import StreamInterruptedError
 from llm_resilience_plugin.cost._guard import Budget, CostGuard
 from llm_resilience_plugin.events import hidden_params_of
 from llm_resilience_plugin.langchain._callbacks import CostGuardCallbackHandler, StructuredLogCallbackHandler
@@ -335,3 +336,19 @@ async def test_keys_given_as_environment_references_are_scrubbed_too(
         assert not any("sk-from-env" in line for line in logs.lines)
     finally:
         router.close()
+
+
+async def test_the_call_record_says_how_a_broken_stream_ended(
+    make_router: RouterFactory, sim: ProviderSimulator, logs: Capture
+):
+    router = make_router({"primary": ["a"], "backup": ["b"]}, fallbacks=[{"primary": ["backup"]}])
+    attach_router_logging(router)
+    sim.script("a", Fault.stream_cut(after_chunks=3))
+    stream = await router.acompletion(model="primary", messages=MSG, stream=True)
+    with pytest.raises(StreamInterruptedError):
+        async for _ in stream:
+            pass
+    (call,) = logs.events("llm_call")
+    assert [(b["end"], b["broken_deployment"], b["deployment_id"]) for b in call["stream_breaks"]] == [
+        ("given_up", "a", "b")
+    ]

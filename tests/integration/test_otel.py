@@ -16,6 +16,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
+from llm_resilience_plugin import StreamInterruptedError
 from llm_resilience_plugin.cost import Budget, CostGuard
 from llm_resilience_plugin.observability import instrument
 from llm_resilience_plugin.testing import Fault
@@ -270,3 +271,19 @@ def test_nothing_subscribes_when_both_are_off(make_router: RouterFactory):
     detach()
     with pytest.raises(ValueError, match="otel="):
         instrument(router, otel="yes")  # type: ignore[arg-type]
+
+
+async def test_how_a_broken_stream_ended_is_an_event_on_the_call_span(
+    make_router: RouterFactory, otel: Otel, sim: ProviderSimulator
+):
+    router = make_router({"primary": ["a"], "backup": ["b"]}, fallbacks=[{"primary": ["backup"]}])
+    _instrument(router, otel)
+    sim.script("a", Fault.stream_cut(after_chunks=3))
+    stream = await router.acompletion(model="primary", messages=MSG, stream=True)
+    with pytest.raises(StreamInterruptedError):
+        async for _ in stream:
+            pass
+    (event,) = [e for e in otel.call().events if e.name == "llm_resilience.stream_break"]
+    assert event.attributes["llm_resilience.end"] == "given_up"
+    assert event.attributes["llm_resilience.broken_deployment"] == "a"
+    assert event.attributes["llm_resilience.deployment_id"] == "b"  # the replacement's

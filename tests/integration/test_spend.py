@@ -147,7 +147,9 @@ async def test_on_cancel_release_never_releases_a_stream_that_produced_content(
     await stream.aclose()
     # cut by the provider after content
     sim.set_default("a", Fault.stream_cut(after_chunks=3))
-    cut = await router.acompletion(model="primary", messages=MSG, stream=True, max_tokens=50)
+    cut = await router.acompletion(
+        model="primary", messages=MSG, stream=True, max_tokens=50, recover_streams=False
+    )
     with pytest.raises(StreamInterruptedError):
         async for _ in cut:
             pass

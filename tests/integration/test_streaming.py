@@ -59,9 +59,12 @@ async def test_slow_first_token_fails_over_before_any_content(make_router: Route
 
 
 @pytest.mark.parametrize("fault", [Fault.stream_cut(after_chunks=3), Fault.malformed_chunk(after_chunks=3)])
-async def test_failure_after_content_raises_typed_error_with_partial_text(
+async def test_a_break_nothing_can_continue_raises_the_typed_error_with_a_replacement(
     make_router: RouterFactory, sim, fault
 ):
+    # The default: no deployment takes a prefill (gpt-4o-mini), the request samples (no
+    # temperature 0, no seed) so a replay would not reproduce: the answer is had again without
+    # streaming and handed over in the typed error - never spliced onto the partial one.
     router = make_router({"primary": ["a"], "backup": ["b"]}, fallbacks=[{"primary": ["backup"]}])
     sim.set_default("a", fault)
     stream = await router.acompletion(model="primary", messages=LONG, stream=True)
@@ -71,9 +74,26 @@ async def test_failure_after_content_raises_typed_error_with_partial_text(
     assert err.partial_text.startswith("Hello")
     assert "Hello from a." in err.partial_text or err.partial_text == "Hello "
     assert err.cause is not None
-    assert sim.count("b") == 0  # never splice another model's output onto a partial answer
+    assert err.replacement.choices[0].message.content.startswith("Hello from b.")
+    assert [r.stream for r in sim.requests("b")] == [False]
     assert err.report is not None and err.report.outcome == "failure"
+    assert [b.end for b in err.report.stream_breaks] == ["given_up"]
+    assert err.report.stream_breaks[0].deployment_id == "b"
     assert router.breakers()["a"]["fail_counter"] == 1
+
+
+@pytest.mark.parametrize("fault", [Fault.stream_cut(after_chunks=3), Fault.malformed_chunk(after_chunks=3)])
+async def test_with_recovery_off_a_break_raises_the_typed_error_at_once(
+    make_router: RouterFactory, sim, fault
+):
+    router = make_router({"primary": ["a"], "backup": ["b"]}, fallbacks=[{"primary": ["backup"]}])
+    sim.set_default("a", fault)
+    stream = await router.acompletion(model="primary", messages=LONG, stream=True, recover_streams=False)
+    with pytest.raises(StreamInterruptedError) as info:
+        await collect(stream)
+    assert info.value.partial_text.startswith("Hello") and info.value.replacement is None
+    assert sim.count("b") == 0  # nothing asked again
+    assert info.value.report is not None and info.value.report.outcome == "failure"
 
 
 async def test_stall_mid_stream_is_detected(make_router: RouterFactory, sim):

@@ -191,9 +191,15 @@ def advice(run: RunResult, m: Metrics, spec: RouterSpec) -> list[str]:
             f"breaker.reset_timeout {reset:g} s decides how soon a probe tries it"
         )
     if m.errors.get("StreamInterruptedError") and not pol.restart_broken_streams:
+        how = (
+            "no route continued nor reproduced them: a deployment that takes an assistant prefill "
+            "(model_info.supports_assistant_prefill: true) continues them, a reproducible request "
+            "(temperature 0 or a seed) is replayed"
+            if pol.recover_broken_streams
+            else "resilience.recover_broken_streams: true continues them where a route can"
+        )
         out.append(
-            f"{sc}: {m.errors['StreamInterruptedError']} stream(s) ended interrupted after content; "
-            "resilience.restart_broken_streams: true resumes them on another route"
+            f"{sc}: {m.errors['StreamInterruptedError']} stream(s) ended interrupted after content; {how}"
         )
     if m.success_rate < 1 and not run.target.fallbacks:
         out.append(f"{sc}: group {primary!r} has no fallbacks; a failure there reaches your callers")

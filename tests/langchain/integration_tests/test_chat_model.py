@@ -457,7 +457,7 @@ async def test_stream_failure_before_first_chunk_is_retried(
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
-async def test_stream_failure_after_first_chunk_raises_typed_error_without_splicing(
+async def test_stream_failure_nothing_continues_raises_typed_error_with_replacement_never_spliced(
     sim: ProviderSimulator, lc_router: RouterMaker, mode: str
 ) -> None:
     llm = ResilientChatModel(router=lc_router(), model="primary")
@@ -471,7 +471,9 @@ async def test_stream_failure_after_first_chunk_raises_typed_error_without_splic
             async for c in llm.astream("tell me a long story"):
                 got.append(str(c.content))
     assert "".join(got) == "Hello from " == ei.value.partial_text
-    assert sim.count("b1") == 0  # no second model's words after the first one's
+    # no second model's words after the first one's: its answer comes whole, in the error
+    assert ei.value.replacement.choices[0].message.content.startswith("Hello from b1")
+    assert [r.stream for r in sim.requests("b1")] == [False]
     assert ei.value.report is not None and ei.value.report.outcome == "failure"
 
 
