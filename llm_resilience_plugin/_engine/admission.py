@@ -165,6 +165,7 @@ def _gave_up(
 def _queued(engine: Engine, call: CallState, group: str, pace: Pace, waited: float, tokens: float) -> Plan:
     call.report.queued_s += waited
     call.report.paced += 1
+    call.next_wait += waited  # the attempt's record shows the wait before it, the queue's included
     engine.emit(
         call, Paced(call.call_id, group, pace.deployment_id, waited, call.report.priority, pace.queued)
     )
