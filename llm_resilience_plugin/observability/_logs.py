@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import weakref
 from collections import OrderedDict
@@ -33,7 +32,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from llm_resilience_plugin._redaction import is_secret_key, redact, register_secret, safe_metadata
+from llm_resilience_plugin._redaction import redact, register_secret, safe_metadata
 from llm_resilience_plugin.events import (
     AttemptRecord,
     BreakerTransition,
@@ -435,7 +434,7 @@ def attach_router_logging(
     structured records on ``logger`` (default ``llm_resilience.router``). Failures, fallbacks and
     breakers opening log at WARNING. With ``guard=`` records carry ``budget_remaining``.
 
-    The router's API keys are registered with :func:`register_secret`, so they are scrubbed from
+    The router's API keys are held for scrubbing while it is open, so they are scrubbed from
     every record this module formats. Returns a function that detaches the logging.
     """
     lg = (
@@ -443,13 +442,6 @@ def attach_router_logging(
         if not isinstance(logger, logging.Logger)
         else logger
     )
-    for entry in router.spec.model_list:
-        params = entry.get("litellm_params") or {}
-        for k, v in params.items():
-            if is_secret_key(str(k)) and isinstance(v, str):
-                register_secret(v)
-                if v.startswith("os.environ/"):  # LiteLLM's reference to an env variable
-                    register_secret(os.environ.get(v[len("os.environ/") :]))
     observer = RouterObserver.for_router(router, prices=guard.prices if guard else None)
     if include_content:
         observer.include_content = True
