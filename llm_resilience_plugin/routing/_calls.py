@@ -31,7 +31,15 @@ from llm_resilience_plugin._engine.core import (
 )
 from llm_resilience_plugin._engine.drivers import SyncRunner, walk_routes
 from llm_resilience_plugin._engine.engine import Engine
-from llm_resilience_plugin._engine.idempotency import IdempotencyStore, SingleFlight, fingerprint
+from llm_resilience_plugin._engine.idempotency import (
+    DEFAULT_SCOPE_KEYS,
+    IdempotencyStore,
+    SingleFlight,
+    check_content,
+    fingerprint,
+    scope_of,
+    scoped_key,
+)
 from llm_resilience_plugin._redaction import safe_metadata
 from llm_resilience_plugin.errors import (
     ConfigError,
@@ -61,7 +69,8 @@ _CALL_IDS = itertools.count(1)
 class CallRunner:
     """Opens and runs one router's calls (any operation) on its engine; see the module docs.
 
-    ``store``/``ttl``: the idempotency store (None: off) and how long its answers are kept.
+    ``store``/``ttl``: the idempotency store (None: off) and how long its answers are kept;
+    ``scope_keys``: the metadata keys (or ``key:value`` tags) that scope a key, e.g. the tenant.
     """
 
     def __init__(self, engine: Engine, spec: RouterSpec, sync: SyncRunner) -> None:
@@ -71,6 +80,7 @@ class CallRunner:
         self.sync = sync  # the private loop thread the blocking twins run on
         self.store: IdempotencyStore | None = None
         self.ttl = 600.0
+        self.scope_keys: tuple[str, ...] = DEFAULT_SCOPE_KEYS
         self._single_flight = SingleFlight()
 
     def check_group(self, group: str) -> None:
@@ -194,21 +204,27 @@ class CallRunner:
             ) from None
 
     async def complete(self, ctx: CallState, group: str, messages: Any, kwargs: dict[str, Any]) -> Any:
-        """A non-stream call, with the idempotency store and single-flight when configured."""
+        """A non-stream call, with the idempotency store and single-flight when configured: the
+        key scoped to the call's tenant, operation and group, bound to the request's content."""
         store = self.store
         if store is None:
             return await walk_routes(self.engine, ctx, group, messages, kwargs)
-        key = ctx.report.idempotency_key
-        assert key is not None  # set in open_call whenever a store is configured
+        given = ctx.report.idempotency_key
+        assert given is not None  # set in open_call whenever a store is configured
+        keyed = group if ctx.operation == "completion" else f"{ctx.operation}:{group}"
+        content = given if ctx.opts.key is None else fingerprint(keyed, messages, kwargs)
+        key = scoped_key(scope_of(kwargs.get("metadata"), self.scope_keys), ctx.operation, group, given)
         stored = store.get(key)
         if stored is not None:
+            self._check_content(ctx, given, stored, content)
             return self._replay(ctx, stored)
-        leader = self._single_flight.join(key)
-        if leader is not None:
-            shared = await self._follow(ctx, leader)
+        inflight = self._single_flight.join(key)
+        if inflight is not None:
+            self._check_content(ctx, given, {"fingerprint": inflight[1]}, content)
+            shared = await self._follow(ctx, inflight[0])
             if shared is not None:
                 return self._replay(ctx, shared)
-        fut = self._single_flight.lead(key)
+        fut = self._single_flight.lead(key, content)
         entry: dict[str, Any] | None = None
         try:
             resp = await walk_routes(self.engine, ctx, group, messages, kwargs)
@@ -220,6 +236,7 @@ class CallRunner:
                 "call_id": r.call_id,
                 "stored_at": self.engine.clock.wall(),
                 "operation": ctx.operation,
+                "fingerprint": content,
             }
             if not r.degraded:
                 store.put(key, entry, self.ttl)
@@ -227,6 +244,18 @@ class CallRunner:
         finally:
             self._single_flight.done(key)
             fut.set_result(entry)  # followers replay it, or (None) make their own call
+
+    def _check_content(self, ctx: CallState, given: str, entry: Mapping[str, Any], content: str) -> None:
+        """A key reused with other content: the call ends as the caller's error (published)."""
+        try:
+            check_content(given, entry, content)
+        except ConfigError as err:
+            r = ctx.report
+            r.outcome, r.error_class = "failure", ErrorClass.BAD_REQUEST
+            r.total_latency_s = self.engine.clock.wall() - r.started_at
+            attach_report(err, r)
+            self.engine.emit(ctx, r)
+            raise
 
     def _replay(self, ctx: CallState, entry: Mapping[str, Any]) -> Any:
         resp = response_type(entry.get("operation", "completion"))(**entry["response"])

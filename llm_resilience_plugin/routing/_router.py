@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import os
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -24,7 +24,7 @@ from llm_resilience_plugin._engine.clock import Clock
 from llm_resilience_plugin._engine.core import BeforeRetry
 from llm_resilience_plugin._engine.drivers import SyncRunner, walk_routes
 from llm_resilience_plugin._engine.engine import Engine
-from llm_resilience_plugin._engine.idempotency import IdempotencyStore, open_store
+from llm_resilience_plugin._engine.idempotency import DEFAULT_SCOPE_KEYS, IdempotencyStore, open_store
 from llm_resilience_plugin._engine.retry import RetryBudget
 from llm_resilience_plugin._env import allow_loopback
 from llm_resilience_plugin._redaction import (
@@ -173,15 +173,26 @@ class ResilientRouter(EndpointsMixin):
         self._init_from_spec(spec, clock=clock, seed=seed, guards=guards, shared_state=shared_state)
         self.set_idempotency_store(idempotency_store, ttl=idempotency_ttl)
 
-    def set_idempotency_store(self, store: str | IdempotencyStore | None, *, ttl: float = 600.0) -> None:
+    def set_idempotency_store(
+        self,
+        store: str | IdempotencyStore | None,
+        *,
+        ttl: float = 600.0,
+        scope: Sequence[str] = DEFAULT_SCOPE_KEYS,
+    ) -> None:
         """Return stored results for repeated idempotency keys within ``ttl`` seconds.
 
         ``"memory"``, ``"sqlite:///path.db"``, any object with ``get``/``put``, or None (off).
+        ``scope``: the metadata keys (or ``key:value`` tags) a key is scoped by besides the
+        operation and model group (default: the tenant).
         """
         if isinstance(ttl, bool) or not isinstance(ttl, int | float) or ttl <= 0:
             raise ConfigError("idempotency_ttl", "must be a positive number of seconds")
+        if isinstance(scope, str) or not all(isinstance(k, str) and k for k in scope):
+            raise ConfigError("idempotency_scope", "expected a list of metadata keys, e.g. ['tenant']")
         self.calls.store = open_store(store)
         self.calls.ttl = float(ttl)
+        self.calls.scope_keys = tuple(scope)
 
     @classmethod
     def from_spec(
