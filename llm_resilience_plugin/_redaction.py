@@ -236,6 +236,11 @@ def is_credential_param(name: str) -> bool:
 _AWS_PLAIN = frozenset({"aws_region_name", "aws_bedrock_runtime_endpoint", "aws_sts_endpoint"})
 
 
+def is_call_secret(name: str) -> bool:
+    """Does a call's (or deployment's) parameter ``name`` carry a credential or header values?"""
+    return name in _HEADER_PARAMS or is_credential_param(name)
+
+
 def credential_values(params: Mapping[str, Any]) -> list[str]:
     """Every secret string in a deployment's (or a call's) parameters: credential values,
     header values, and the string values inside a JSON credential blob (``os.environ/NAME``

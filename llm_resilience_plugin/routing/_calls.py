@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import uuid
+import weakref
 from collections.abc import Coroutine, Mapping
 from typing import Any
 
@@ -40,7 +41,7 @@ from llm_resilience_plugin._engine.idempotency import (
     scope_of,
     scoped_key,
 )
-from llm_resilience_plugin._redaction import safe_metadata
+from llm_resilience_plugin._redaction import SecretHold, credential_values, is_call_secret, safe_metadata
 from llm_resilience_plugin.errors import (
     ConfigError,
     DeadlineExceededError,
@@ -186,6 +187,11 @@ class CallRunner:
             if fraction is not None and fraction < tier.shed_below:
                 raise LoadShedError(name, type(guard).__name__, fraction, tier.shed_below)
 
+    @staticmethod
+    def brings_secrets(kwargs: Mapping[str, Any]) -> bool:
+        """Does the call carry its own credentials (held while it runs, see :meth:`complete`)?"""
+        return bool(kwargs) and any(map(is_call_secret, kwargs))
+
     async def _follow(self, ctx: CallState, leader: asyncio.Future[Any]) -> Any:
         """Wait for the identical call in flight (same idempotency key), within this call's own
         deadline; its stored entry, or None when it failed (this call then goes itself)."""
@@ -206,6 +212,14 @@ class CallRunner:
     async def complete(self, ctx: CallState, group: str, messages: Any, kwargs: dict[str, Any]) -> Any:
         """A non-stream call, with the idempotency store and single-flight when configured: the
         key scoped to the call's tenant, operation and group, bound to the request's content."""
+        hold = _call_secrets(kwargs)
+        try:
+            return await self._complete(ctx, group, messages, kwargs)
+        finally:
+            if hold is not None:
+                hold.release()
+
+    async def _complete(self, ctx: CallState, group: str, messages: Any, kwargs: dict[str, Any]) -> Any:
         store = self.store
         if store is None:
             return await walk_routes(self.engine, ctx, group, messages, kwargs)
@@ -274,10 +288,26 @@ class CallRunner:
     async def stream(
         self, ctx: CallState, group: str, messages: Any, kwargs: dict[str, Any]
     ) -> ResilientStream | StaticStream:
-        """A stream call: the first route's :class:`ResilientStream` (or a static answer's)."""
-        result = await walk_routes(self.engine, ctx, group, messages, kwargs)
+        """A stream call: the first route's :class:`ResilientStream` (or a static answer's); the
+        call's own credentials stay held for scrubbing while the stream is alive."""
+        hold = _call_secrets(kwargs)
+        try:
+            result = await walk_routes(self.engine, ctx, group, messages, kwargs)
+        except BaseException:
+            if hold is not None:
+                hold.release()
+            raise
         assert isinstance(result, ResilientStream | StaticStream)
+        if hold is not None:
+            weakref.finalize(result, hold.release)
         return result
+
+
+def _call_secrets(kwargs: Mapping[str, Any]) -> SecretHold | None:
+    """The call's own credentials (a per-call ``api_key``, ``aws_*``, header values), held for
+    scrubbing from its errors, reports and logs while it runs; None when it brings none."""
+    values = credential_values(kwargs) if kwargs else ()
+    return SecretHold(values) if values else None
 
 
 def response_type(operation: str) -> Any:

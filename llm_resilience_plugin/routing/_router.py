@@ -378,7 +378,7 @@ class ResilientRouter(EndpointsMixin):
         ctx, kwargs = calls.open_call(model, messages, stream, deadline, listener, before_retry, kwargs)
         if stream:
             return await calls.stream(ctx, model, messages, kwargs)
-        if calls.store is None:  # one coroutine layer fewer on the common path
+        if calls.store is None and not calls.brings_secrets(kwargs):  # the common path, shorter
             return await walk_routes(self.engine, ctx, model, messages, kwargs)
         return await calls.complete(ctx, model, messages, kwargs)
 
