@@ -147,6 +147,7 @@ class _CallSeen:
     tags: list[str] = field(default_factory=list)
     messages: Any = None
     attempts: dict[int, _AttemptSeen] = field(default_factory=dict)
+    content_logged: int = 0  # how many content loggers have logged its messages
 
 
 _OBSERVERS: weakref.WeakKeyDictionary[Any, RouterObserver] = weakref.WeakKeyDictionary()
@@ -172,6 +173,7 @@ class RouterObserver:
         self.router = router
         self.prices = prices or PriceBook(unknown_model="zero")
         self.include_content = include_content
+        self.content_users = 0  # attached loggers that log content (each logs it once)
         self.max_calls = max_calls
         self.deployments: dict[str, DeploymentInfo] = {d.id: d for d in router.deployments()}
         self._calls: OrderedDict[str, _CallSeen] = OrderedDict()
@@ -233,6 +235,23 @@ class RouterObserver:
             if price.known:
                 a.cost = price.cost(a.prompt_tokens or 0, a.completion_tokens or 0)
         return a
+
+    def content_logged(self, seen: _CallSeen) -> None:
+        """One content logger has logged this call's messages: the last one lets them go."""
+        with self._lock:
+            seen.content_logged += 1
+            if seen.content_logged >= self.content_users:
+                seen.messages = None
+
+    def stop_content(self) -> None:
+        """A content logger detached: with none left, keep no message content at all."""
+        with self._lock:
+            self.content_users = max(0, self.content_users - 1)
+            if self.content_users:
+                return
+            self.include_content = False
+            for seen in self._calls.values():
+                seen.messages = None
 
     def call_cost(self, call_id: str) -> float | None:
         seen = self.call(call_id)
@@ -417,6 +436,7 @@ class RouterEventLogger:
                 out["tags"] = seen.tags
             if self.include_content and seen.messages is not None:
                 out["input"] = seen.messages
+                self.observer.content_logged(seen)  # kept no longer than the line needs it
         self._budget(r.call_id, out)
         return out
 
@@ -445,6 +465,7 @@ def attach_router_logging(
     observer = RouterObserver.for_router(router, prices=guard.prices if guard else None)
     if include_content:
         observer.include_content = True
+        observer.content_users += 1
     observer.users += 1
     ev_logger = RouterEventLogger(
         router, observer, lg, level=level, guard=guard, include_content=include_content
@@ -459,6 +480,8 @@ def attach_router_logging(
             return
         done = True
         unsubscribe()
+        if include_content:
+            observer.stop_content()
         observer.users -= 1
         if observer.users <= 0:
             observer.remove()
