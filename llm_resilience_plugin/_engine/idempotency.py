@@ -114,9 +114,16 @@ class MemoryIdempotencyStore:
     def put(self, key: str, value: dict[str, Any], ttl: float) -> None:
         now = self._clock()
         with self._lock:
+            data = self._data
+            while data:  # the oldest entries first: expired ones go as new ones come (amortised O(1))
+                first = next(iter(data))
+                if data[first][0] >= now:
+                    break
+                del data[first]
             if len(self._data) >= self._max:
                 for k in [k for k, (exp, _) in self._data.items() if exp < now] or list(self._data)[:1]:
                     del self._data[k]
+            self._data.pop(key, None)  # re-inserted at the end: the order stays oldest first
             self._data[key] = (now + ttl, value)
 
 

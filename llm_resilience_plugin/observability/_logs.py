@@ -177,6 +177,9 @@ class RouterObserver:
         self.max_calls = max_calls
         self.deployments: dict[str, DeploymentInfo] = {d.id: d for d in router.deployments()}
         self._calls: OrderedDict[str, _CallSeen] = OrderedDict()
+        # Ended calls, forgotten two call starts later (every subscriber has read them by then).
+        self._ended: list[str] = []
+        self._ended_before: list[str] = []
         self._lock = threading.Lock()
         self.users = 0
         self._unsubscribe = router.subscribe(self.on_event)
@@ -210,6 +213,10 @@ class RouterObserver:
                 messages=list(content) if content is not None else None,
             )
             with self._lock:
+                if self._ended_before:
+                    for call_id in self._ended_before:
+                        self._calls.pop(call_id, None)
+                self._ended_before, self._ended = self._ended, []
                 self._calls[event.call_id] = seen
                 while len(self._calls) > self.max_calls:
                     self._calls.popitem(last=False)
@@ -219,6 +226,9 @@ class RouterObserver:
                 known = self._calls.get(event.call_id)
                 if known is not None:
                     known.attempts[event.attempt] = a
+        elif isinstance(event, CallReport):
+            with self._lock:
+                self._ended.append(event.call_id)
 
     def _attempt_seen(self, rec: AttemptRecord) -> _AttemptSeen:
         a = _AttemptSeen(deployment_id=rec.deployment_id, served_model=rec.served_model)
