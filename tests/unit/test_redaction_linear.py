@@ -148,3 +148,22 @@ def test_deployment_params_show_no_credential() -> None:
         "max_tokens": 100,
         "input_cost_per_token": 1e-6,
     }
+
+
+def test_chaos_never_hands_a_credential_to_the_simulator() -> None:
+    from llm_resilience_plugin.testing.chaos._target import simulated_target
+
+    entry = {
+        "model_name": "g",
+        "litellm_params": {
+            "model": "vertex_ai/gemini-1.5-pro",
+            "vertex_credentials": '{"private_key": "-----BEGIN PRIVATE KEY-----MIIEv"}',
+            "aws_secret_access_key": "aws-secret-value",
+            "extra_headers": {"X-Gateway-Token": "hdr-secret"},
+            "api_key": "sk-live-real-key",
+        },
+    }
+    t = simulated_target([entry], base_url="http://127.0.0.1:1", prefix="s", primary="g", fallbacks=[])
+    params = t.model_list[0]["litellm_params"]
+    assert params["api_key"] == "sk-chaos" and params["model"] == "openai/gemini-1.5-pro"
+    assert not {"vertex_credentials", "aws_secret_access_key", "extra_headers"} & set(params)
