@@ -62,7 +62,7 @@ class _Discard(logging.Handler):
         self.format(record)
 
 
-async def run(seconds: float, concurrency: int, sample_every: int) -> dict[str, Any]:
+async def run(seconds: float, concurrency: int, sample_every: int, error_every: int = 100) -> dict[str, Any]:
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
@@ -112,7 +112,7 @@ async def run(seconds: float, concurrency: int, sample_every: int) -> dict[str, 
                 i = calls = calls + 1
                 fast[0] += 1.0  # the guard's clock: one second per call
                 messages = [{"role": "user", "content": f"{i} {big}"}]
-                dep = "b" if i % 100 == 0 else "a"  # one call in 100 meets a 100 kB error body
+                dep = "b" if error_every and i % error_every == 0 else "a"  # a 100 kB error body
                 try:
                     await router.acompletion(
                         model="g",
@@ -156,14 +156,17 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=120.0)
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--sample-every", type=int, default=250)
+    ap.add_argument(
+        "--error-every", type=int, default=100, help="one call in N meets a 100 kB error (0: none)"
+    )
     ap.add_argument("--out", default="benchmarks/results/endurance.json")
     args = ap.parse_args()
-    result = asyncio.run(run(args.seconds, args.concurrency, args.sample_every))
+    result = asyncio.run(run(args.seconds, args.concurrency, args.sample_every, args.error_every))
     for s in result["samples"]:
         print(f"{s['calls']:>7} calls  {s['t_s']:>6.1f} s  RSS {s['rss_mib']:>7.1f} MiB")
     print(
-        f"{result['calls']} calls in {result['seconds']} s; RSS {result['rss_first_mib']:.1f} -> "
-        f"{result['rss_last_mib']:.1f} MiB; slope after warm-up "
+        f"{result['calls']} calls in {result['seconds']} s; RSS {result['rss_first_mib']} -> "
+        f"{result['rss_last_mib']} MiB; slope after warm-up "
         f"{result['slope_mib_per_1000_calls_after_warmup']} MiB per 1,000 calls"
     )
     print("wrote", write_json(args.out, result))
