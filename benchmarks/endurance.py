@@ -144,8 +144,8 @@ async def run(seconds: float, concurrency: int, sample_every: int, error_every: 
         "calls": calls,
         "seconds": round(time.monotonic() - start, 1),
         "samples": [{"calls": n, "t_s": round(t, 1), "rss_mib": round(r, 1)} for n, t, r in samples],
-        "rss_first_mib": samples[0][2] if samples else None,
-        "rss_last_mib": samples[-1][2] if samples else None,
+        "rss_first_mib": round(samples[0][2], 1) if samples else None,
+        "rss_last_mib": round(samples[-1][2], 1) if samples else None,
         "slope_mib_per_1000_calls_after_warmup": round(slope(warm), 3),
         "secrets_held_max": max(held, default=0),
     }
