@@ -246,6 +246,12 @@ class RouterObserver:
                 a.cost = price.cost(a.prompt_tokens or 0, a.completion_tokens or 0)
         return a
 
+    @property
+    def content_held(self) -> int:
+        """How many calls' message content is held now (0 once every line is logged)."""
+        with self._lock:
+            return sum(1 for seen in self._calls.values() if seen.messages is not None)
+
     def content_logged(self, seen: _CallSeen) -> None:
         """One content logger has logged this call's messages: the last one lets them go."""
         with self._lock:

@@ -62,17 +62,12 @@ def test_per_request_budget_keys_expire_with_the_call(sim: ProviderSimulator) ->
     try:
         for _ in range(20):
             router.completion(model="g", messages=MSG)
-        per_request = [k for k in ledger._rows if "request=" in k]
-        assert len(per_request) == 20
+        assert len(ledger.list_usage(window="request")) == 20
         ledger.prune(now[0] + 61)  # the calls are long over: their keys go (they stayed a day)
-        assert not [k for k in ledger._rows if "request=" in k]
-        assert [k for k in ledger._rows if "request=" not in k]  # the daily budget's key stays
+        assert ledger.list_usage(window="request") == []
+        assert ledger.list_usage(budget="daily")  # the daily budget's key stays
     finally:
         router.close()
-
-
-def _content_held(observer: RouterObserver) -> int:
-    return sum(1 for seen in observer._calls.values() if seen.messages is not None)
 
 
 def test_logged_content_is_not_retained(sim: ProviderSimulator, caplog: Any) -> None:
@@ -86,12 +81,12 @@ def test_logged_content_is_not_retained(sim: ProviderSimulator, caplog: Any) -> 
                 router.completion(model="g", messages=big)
         logged = [r for r in caplog.records if getattr(r, "llm_event_name", "") == "llm_call"]
         assert len(logged) == 5 and all(r.llm_event["input"] for r in logged)  # logged...
-        assert _content_held(observer) == 0  # ...and let go once its line is written
+        assert observer.content_held == 0  # ...and let go once its line is written
         # A call in flight when the logging is detached: nothing is kept after detach either.
         router.completion(model="g", messages=big)
         other = attach_router_logging(router)  # keeps the observer alive past the first detach
         detach()
-        assert _content_held(observer) == 0 and not observer.include_content
+        assert observer.content_held == 0 and not observer.include_content
         other()
     finally:
         router.close()

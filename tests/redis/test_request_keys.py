@@ -27,7 +27,9 @@ def ledger(redis_server: RedisServer) -> Iterator[RedisLedger]:
     RedisSharedState.close_all()
 
 
-def test_per_request_keys_expire_with_the_call(sim: ProviderSimulator, ledger: RedisLedger) -> None:
+def test_per_request_keys_expire_with_the_call(
+    sim: ProviderSimulator, ledger: RedisLedger, redis_server: RedisServer
+) -> None:
     guard = CostGuard([Budget.per_request(1.0), Budget.daily(100.0)], ledger=ledger, reservation_ttl=60)
     router = ResilientRouter(model_list=[deployment(sim, "g", "a", **PRICED)], guards=[guard])
     try:
@@ -36,10 +38,13 @@ def test_per_request_keys_expire_with_the_call(sim: ProviderSimulator, ledger: R
             router.completion(model="g", messages=MSG)
     finally:
         router.close()
-    expiry = dict(ledger._read(lambda c: c.zrange(f"{ledger.prefix}:kexp", 0, -1, withscores=True)))
+    import redis
+
+    client = redis.Redis.from_url(redis_server.url)
+    expiry = dict(client.zrange(f"{ledger.prefix}:kexp", 0, -1, withscores=True))
+    client.close()
     request_keys = {k: v for k, v in expiry.items() if b"request=" in k}
     assert len(request_keys) == 5
     # Each is forgotten reservation_ttl after its call (it was kept 24 h: GBs a day at 50 rps).
     assert all(started < exp <= time.time() + 60 for exp in request_keys.values()), request_keys
-    keys = ledger._read(lambda c: c.smembers(f"{ledger.prefix}:keys"))
-    assert len(keys) == 6 and len(expiry) == 5  # the daily budget's key stays, without expiry
+    assert len(ledger.list_usage()) == 6 and len(expiry) == 5  # the daily key stays, no expiry
