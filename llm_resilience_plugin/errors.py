@@ -74,6 +74,21 @@ class UnknownModelGroupError(ConfigError):
         )
 
 
+class IdempotencyConflictError(ConfigError):
+    """An idempotency key reused, within its TTL, for a request with different content (HTTP
+    409's meaning): the stored answer belongs to the other request and is never returned."""
+
+    status_code = 409
+
+    def __init__(self, key: str) -> None:
+        super().__init__(
+            "idempotency_key",
+            f"key {key!r} was already used for a different request (other messages or "
+            "answer-shaping arguments) within the idempotency TTL; use one key per distinct request",
+        )
+        self.key = key
+
+
 class CircuitOpenError(ResilienceError):
     """Every deployment that could serve the request has an open circuit breaker."""
 

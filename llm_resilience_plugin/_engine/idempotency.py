@@ -1,5 +1,11 @@
 """Idempotency: a key per logical request, and an optional store that returns the stored result
-of a completed key within a TTL, so a caller's retry neither pays nor acts twice."""
+of a completed key within a TTL, so a caller's retry neither pays nor acts twice.
+
+A key is scoped (:func:`scoped_key`): the store and single-flight see it together with the call's
+tenant (when one is set), operation and model group, so one tenant's ``order-42`` never answers
+another's, nor an embedding a chat. Each stored answer keeps its request's content fingerprint;
+the same key with other content is an :class:`IdempotencyConflictError`, never the other answer.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +19,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from llm_resilience_plugin.errors import ConfigError
+from llm_resilience_plugin.errors import ConfigError, IdempotencyConflictError
 
 # Arguments that change the answer; the rest (timeouts, metadata, callbacks) do not.
 _FINGERPRINT_KEYS = (
@@ -43,6 +49,39 @@ def fingerprint(group: str, messages: Any, kwargs: Mapping[str, Any]) -> str:
     }
     raw = json.dumps(payload, sort_keys=True, default=str, separators=(",", ":"))
     return "fp-" + hashlib.sha256(raw.encode()).hexdigest()[:32]
+
+
+DEFAULT_SCOPE_KEYS = ("tenant",)
+
+
+def scope_of(metadata: Any, keys: tuple[str, ...]) -> str:
+    """The call's scope: each of ``keys`` found in its metadata (or a ``key:value`` tag)."""
+    if not keys or not isinstance(metadata, Mapping):
+        return ""
+    tags = metadata.get("tags")
+    parts = []
+    for key in keys:
+        value = metadata.get(key)
+        if value is None and isinstance(tags, list | tuple):
+            value = next(
+                (t[len(key) + 1 :] for t in tags if isinstance(t, str) and t.startswith(f"{key}:")), None
+            )
+        if value is not None:
+            parts.append(f"{key}={value}")
+    return "&".join(parts)
+
+
+def scoped_key(scope: str, operation: str, group: str, key: str) -> str:
+    """The key the store and single-flight use: the caller's key within its scope, operation and
+    model group (hashed: a tenant's name or a caller's key never reaches a store in clear)."""
+    raw = json.dumps([scope, operation, group, key], separators=(",", ":"))
+    return "idem-" + hashlib.sha256(raw.encode()).hexdigest()[:40]
+
+
+def check_content(key: str, entry: Mapping[str, Any], content: str) -> None:
+    """Refuse to answer from ``entry`` (stored or in flight) a request with other content."""
+    if entry.get("fingerprint") != content:
+        raise IdempotencyConflictError(key)
 
 
 class IdempotencyStore(Protocol):
@@ -75,9 +114,16 @@ class MemoryIdempotencyStore:
     def put(self, key: str, value: dict[str, Any], ttl: float) -> None:
         now = self._clock()
         with self._lock:
+            data = self._data
+            while data:  # the oldest entries first: expired ones go as new ones come (amortised O(1))
+                first = next(iter(data))
+                if data[first][0] >= now:
+                    break
+                del data[first]
             if len(self._data) >= self._max:
                 for k in [k for k, (exp, _) in self._data.items() if exp < now] or list(self._data)[:1]:
                     del self._data[k]
+            self._data.pop(key, None)  # re-inserted at the end: the order stays oldest first
             self._data[key] = (now + ttl, value)
 
 
@@ -133,18 +179,20 @@ def open_store(spec: str | IdempotencyStore | None) -> IdempotencyStore | None:
 
 
 class SingleFlight:
-    """Concurrent calls with one key share one upstream request (per event loop)."""
+    """Concurrent calls with one (scoped) key share one upstream request (per event loop); a
+    follower whose content differs from the leader's is refused (:func:`check_content`)."""
 
     def __init__(self) -> None:
-        self._inflight: dict[tuple[int, str], asyncio.Future[Any]] = {}
+        self._inflight: dict[tuple[int, str], tuple[asyncio.Future[Any], str]] = {}
 
-    def join(self, key: str) -> asyncio.Future[Any] | None:
+    def join(self, key: str) -> tuple[asyncio.Future[Any], str] | None:
+        """The leader's future and its content fingerprint, if a call with ``key`` is in flight."""
         return self._inflight.get((id(asyncio.get_running_loop()), key))
 
-    def lead(self, key: str) -> asyncio.Future[Any]:
+    def lead(self, key: str, content: str) -> asyncio.Future[Any]:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
-        self._inflight[(id(loop), key)] = fut
+        self._inflight[(id(loop), key)] = (fut, content)
         return fut
 
     def done(self, key: str) -> None:

@@ -14,7 +14,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from llm_resilience_plugin._redaction import redact_mapping, scrub
+from llm_resilience_plugin._redaction import REDACTED, is_secret_key, scrub_field
 from llm_resilience_plugin.errors import (
     BudgetExceededError,
     CircuitOpenError,
@@ -239,19 +239,53 @@ def raised_before_sending(exc: BaseException) -> bool:
     )
 
 
+_SCRUBBED = "_llm_resilience_scrubbed"
+
+
 def scrub_exception(exc: BaseException) -> None:
     """Redact secrets from the text of ``exc`` and its causes, in place (``args``, ``message``,
-    ``body``), so an error raised to the caller as itself carries no key either."""
+    ``body``), so an error raised to the caller as itself carries no key either.
+
+    Each distinct text is scrubbed once (LiteLLM repeats one provider body in several fields and
+    exceptions of the chain), at most ``MAX_FIELD_CHARS`` of it, and an exception already
+    scrubbed is skipped: a 100 kB error body costs one bounded, linear scan.
+    """
+    done: dict[str, str] = {}
+
+    def clean(text: str) -> str:
+        out = done.get(text)
+        if out is None:
+            out = done[text] = scrub_field(text)
+            done[out] = out
+        return out
+
+    def tree(value: Any, depth: int = 0) -> Any:
+        if isinstance(value, str):
+            return clean(value)
+        if depth > 12:
+            return "..."
+        if isinstance(value, dict):
+            return {
+                k: REDACTED if is_secret_key(str(k)) and v not in (None, "") else tree(v, depth + 1)
+                for k, v in value.items()
+            }
+        if isinstance(value, list):
+            return [tree(v, depth + 1) for v in value]
+        return value
+
     for e in _chain(exc):
+        if getattr(e, _SCRUBBED, False):
+            continue
         try:
             if any(isinstance(a, str) for a in e.args):
-                e.args = tuple(scrub(a) if isinstance(a, str) else a for a in e.args)
+                e.args = tuple(clean(a) if isinstance(a, str) else a for a in e.args)
             for attr in ("message", "body"):
                 value = getattr(e, attr, None)
                 if isinstance(value, str):
-                    setattr(e, attr, scrub(value))
+                    setattr(e, attr, clean(value))
                 elif isinstance(value, dict):
-                    setattr(e, attr, redact_mapping(value))
+                    setattr(e, attr, tree(value))
+            setattr(e, _SCRUBBED, True)
         except (AttributeError, TypeError, ValueError):  # read-only or frozen: leave it
             continue
 

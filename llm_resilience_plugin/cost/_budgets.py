@@ -217,13 +217,16 @@ class BudgetSet:
         """The keys a call at ``ts`` is charged under - one per budget that applies - and the
         scope values it carries. A scoped budget whose key the call lacks does not apply."""
         day, month = self.calendar.windows(ts)
+        # A request's key lives as long as its call can (no deadline outlasts reservation_ttl),
+        # renewed by each attempt; a run spans many calls, so its key is kept a day.
+        per_request = ts + self.reservation_ttl
         keep = ts + max(86400.0, 2 * self.reservation_ttl)
         keys: list[BudgetKey] = []
         scopes: dict[str, str] = {}
         tags = list(tags or ())
         for b in self.budgets:
             if b.period == "request":
-                keys.append(BudgetKey(b.name, f"request={request_id}", "request", b.limit, keep))
+                keys.append(BudgetKey(b.name, f"request={request_id}", "request", b.limit, per_request))
                 continue
             if b.period == "run":
                 keys.append(BudgetKey(b.name, f"run={run_id or request_id}", "run", b.limit, keep))

@@ -282,6 +282,10 @@ class ResilientChatModel(ClosesRouter, BaseChatModel):
             "model_kwargs": masked(json_safe(self.model_kwargs)),
         }
 
+    def _get_invocation_params(self, stop: list[str] | None = None, **kwargs: Any) -> dict[str, Any]:
+        """What traces and callbacks see of a call's parameters: a bound ``api_key`` masked."""
+        return masked(super()._get_invocation_params(stop=stop, **kwargs))  # type: ignore[no-any-return]
+
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
         """LangSmith's standard parameters of a call."""
         params = LangSmithParams(

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import weakref
 from collections import OrderedDict
@@ -33,7 +32,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from llm_resilience_plugin._redaction import is_secret_key, redact, register_secret, safe_metadata
+from llm_resilience_plugin._redaction import redact, register_secret, safe_metadata
 from llm_resilience_plugin.events import (
     AttemptRecord,
     BreakerTransition,
@@ -150,6 +149,7 @@ class _CallSeen:
     tags: list[str] = field(default_factory=list)
     messages: Any = None
     attempts: dict[int, _AttemptSeen] = field(default_factory=dict)
+    content_logged: int = 0  # how many content loggers have logged its messages
 
 
 _OBSERVERS: weakref.WeakKeyDictionary[Any, RouterObserver] = weakref.WeakKeyDictionary()
@@ -175,9 +175,13 @@ class RouterObserver:
         self.router = router
         self.prices = prices or PriceBook(unknown_model="zero")
         self.include_content = include_content
+        self.content_users = 0  # attached loggers that log content (each logs it once)
         self.max_calls = max_calls
         self.deployments: dict[str, DeploymentInfo] = {d.id: d for d in router.deployments()}
         self._calls: OrderedDict[str, _CallSeen] = OrderedDict()
+        # Ended calls, forgotten two call starts later (every subscriber has read them by then).
+        self._ended: list[str] = []
+        self._ended_before: list[str] = []
         self._lock = threading.Lock()
         self.users = 0
         self._unsubscribe = router.subscribe(self.on_event)
@@ -211,6 +215,10 @@ class RouterObserver:
                 messages=list(content) if content is not None else None,
             )
             with self._lock:
+                if self._ended_before:
+                    for call_id in self._ended_before:
+                        self._calls.pop(call_id, None)
+                self._ended_before, self._ended = self._ended, []
                 self._calls[event.call_id] = seen
                 while len(self._calls) > self.max_calls:
                     self._calls.popitem(last=False)
@@ -220,6 +228,9 @@ class RouterObserver:
                 known = self._calls.get(event.call_id)
                 if known is not None:
                     known.attempts[event.attempt] = a
+        elif isinstance(event, CallReport):
+            with self._lock:
+                self._ended.append(event.call_id)
 
     def _attempt_seen(self, rec: AttemptRecord) -> _AttemptSeen:
         a = _AttemptSeen(deployment_id=rec.deployment_id, served_model=rec.served_model)
@@ -236,6 +247,29 @@ class RouterObserver:
             if price.known:
                 a.cost = price.cost(a.prompt_tokens or 0, a.completion_tokens or 0)
         return a
+
+    @property
+    def content_held(self) -> int:
+        """How many calls' message content is held now (0 once every line is logged)."""
+        with self._lock:
+            return sum(1 for seen in self._calls.values() if seen.messages is not None)
+
+    def content_logged(self, seen: _CallSeen) -> None:
+        """One content logger has logged this call's messages: the last one lets them go."""
+        with self._lock:
+            seen.content_logged += 1
+            if seen.content_logged >= self.content_users:
+                seen.messages = None
+
+    def stop_content(self) -> None:
+        """A content logger detached: with none left, keep no message content at all."""
+        with self._lock:
+            self.content_users = max(0, self.content_users - 1)
+            if self.content_users:
+                return
+            self.include_content = False
+            for seen in self._calls.values():
+                seen.messages = None
 
     def call_cost(self, call_id: str) -> float | None:
         seen = self.call(call_id)
@@ -422,6 +456,7 @@ class RouterEventLogger:
                 out["tags"] = seen.tags
             if self.include_content and seen.messages is not None:
                 out["input"] = seen.messages
+                self.observer.content_logged(seen)  # kept no longer than the line needs it
         self._budget(r.call_id, out)
         return out
 
@@ -439,7 +474,7 @@ def attach_router_logging(
     structured records on ``logger`` (default ``llm_resilience.router``). Failures, fallbacks and
     breakers opening log at WARNING. With ``guard=`` records carry ``budget_remaining``.
 
-    The router's API keys are registered with :func:`register_secret`, so they are scrubbed from
+    The router's API keys are held for scrubbing while it is open, so they are scrubbed from
     every record this module formats. Returns a function that detaches the logging.
     """
     lg = (
@@ -447,16 +482,10 @@ def attach_router_logging(
         if not isinstance(logger, logging.Logger)
         else logger
     )
-    for entry in router.spec.model_list:
-        params = entry.get("litellm_params") or {}
-        for k, v in params.items():
-            if is_secret_key(str(k)) and isinstance(v, str):
-                register_secret(v)
-                if v.startswith("os.environ/"):  # LiteLLM's reference to an env variable
-                    register_secret(os.environ.get(v[len("os.environ/") :]))
     observer = RouterObserver.for_router(router, prices=guard.prices if guard else None)
     if include_content:
         observer.include_content = True
+        observer.content_users += 1
     observer.users += 1
     ev_logger = RouterEventLogger(
         router, observer, lg, level=level, guard=guard, include_content=include_content
@@ -471,6 +500,8 @@ def attach_router_logging(
             return
         done = True
         unsubscribe()
+        if include_content:
+            observer.stop_content()
         observer.users -= 1
         if observer.users <= 0:
             observer.remove()

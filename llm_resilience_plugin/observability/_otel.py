@@ -387,6 +387,11 @@ class OtelMetrics:
 
         self.router = router
         self.deployments: dict[str, DeploymentInfo] = {d.id: d for d in router.deployments()}
+        # Provider-chosen values reach metric attributes only through bounded sets.
+        self._served = sc.BoundedNames(
+            {n for d in self.deployments.values() for n in (d.model, sc.names_of(d).model) if n}
+        )
+        self._dep_ids = sc.BoundedNames(self.deployments, extra=0)
         m = metrics.get_meter(SCOPE, version, meter_provider=meter_provider)
         self.provider = meter_provider if meter_provider is not None else metrics.get_meter_provider()
         self.duration = m.create_histogram(
@@ -451,7 +456,9 @@ class OtelMetrics:
                 {
                     sc.OPERATION: sc.operation_name(event.operation),
                     f"{sc.NS}.model_group": event.model_group,
-                    f"{sc.NS}.deployment_id": event.deployment_id or "",
+                    f"{sc.NS}.deployment_id": self._dep_ids(event.deployment_id)
+                    if event.deployment_id
+                    else "",
                     f"{sc.NS}.outcome": event.outcome,
                     f"{sc.NS}.error_class": _err(event.error_class) or "",
                 },
@@ -496,7 +503,7 @@ class OtelMetrics:
         if names.provider:
             gen[sc.PROVIDER] = names.provider
         if r.served_model:
-            gen[sc.RESPONSE_MODEL] = r.served_model
+            gen[sc.RESPONSE_MODEL] = self._served(r.served_model)
         if r.outcome == "failure":
             gen[sc.ERROR_TYPE] = _err(r.error_class) or "unknown"
         self.duration.record(r.total_latency_s, gen)

@@ -4,6 +4,7 @@ attribute names, the ``llm_resilience.*`` namespace, provider names and breaker-
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
@@ -138,3 +139,29 @@ def names_of(dep: DeploymentInfo | None) -> DeploymentNames:
     with _NAMES_LOCK:
         _NAMES[key] = names
     return names
+
+
+OTHER = "other"
+
+
+class BoundedNames:
+    """Metric attribute values a provider chooses (the response model), kept to a bounded set:
+    the configured names, then the first ``extra`` others seen, then ``"other"`` - so attribute
+    sets (and the SDK's memory of them) cannot grow with what providers send."""
+
+    def __init__(self, configured: Iterable[str], extra: int = 16) -> None:
+        self._known = set(configured)
+        self._extra = extra
+        self._lock = threading.Lock()
+
+    def __call__(self, name: str) -> str:
+        if name in self._known:
+            return name
+        with self._lock:
+            if name in self._known:
+                return name
+            if self._extra > 0:
+                self._extra -= 1
+                self._known.add(name)
+                return name
+        return OTHER

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import uuid
+import weakref
 from collections.abc import Coroutine, Mapping
 from typing import Any
 
@@ -31,8 +32,16 @@ from llm_resilience_plugin._engine.core import (
 )
 from llm_resilience_plugin._engine.drivers import SyncRunner, walk_routes
 from llm_resilience_plugin._engine.engine import Engine
-from llm_resilience_plugin._engine.idempotency import IdempotencyStore, SingleFlight, fingerprint
-from llm_resilience_plugin._redaction import safe_metadata
+from llm_resilience_plugin._engine.idempotency import (
+    DEFAULT_SCOPE_KEYS,
+    IdempotencyStore,
+    SingleFlight,
+    check_content,
+    fingerprint,
+    scope_of,
+    scoped_key,
+)
+from llm_resilience_plugin._redaction import SecretHold, credential_values, is_call_secret, safe_metadata
 from llm_resilience_plugin.errors import (
     ConfigError,
     DeadlineExceededError,
@@ -63,7 +72,8 @@ _CALL_IDS = itertools.count(1)
 class CallRunner:
     """Opens and runs one router's calls (any operation) on its engine; see the module docs.
 
-    ``store``/``ttl``: the idempotency store (None: off) and how long its answers are kept.
+    ``store``/``ttl``: the idempotency store (None: off) and how long its answers are kept;
+    ``scope_keys``: the metadata keys (or ``key:value`` tags) that scope a key, e.g. the tenant.
     """
 
     def __init__(self, engine: Engine, spec: RouterSpec, sync: SyncRunner) -> None:
@@ -73,6 +83,7 @@ class CallRunner:
         self.sync = sync  # the private loop thread the blocking twins run on
         self.store: IdempotencyStore | None = None
         self.ttl = 600.0
+        self.scope_keys: tuple[str, ...] = DEFAULT_SCOPE_KEYS
         self._single_flight = SingleFlight()
         self.shutdown = Shutdown()  # close()/aclose(): refuse new calls, drain, cancel the rest
 
@@ -181,6 +192,11 @@ class CallRunner:
             if fraction is not None and fraction < tier.shed_below:
                 raise LoadShedError(name, type(guard).__name__, fraction, tier.shed_below)
 
+    @staticmethod
+    def brings_secrets(kwargs: Mapping[str, Any]) -> bool:
+        """Does the call carry its own credentials (held while it runs, see :meth:`complete`)?"""
+        return bool(kwargs) and any(map(is_call_secret, kwargs))
+
     async def _follow(self, ctx: CallState, leader: asyncio.Future[Any]) -> Any:
         """Wait for the identical call in flight (same idempotency key), within this call's own
         deadline; its stored entry, or None when it failed (this call then goes itself)."""
@@ -199,20 +215,22 @@ class CallRunner:
             ) from None
 
     async def complete(self, ctx: CallState, group: str, messages: Any, kwargs: dict[str, Any]) -> Any:
-        """A non-stream call, with the idempotency store and single-flight when configured; one
+        """A non-stream call, with the idempotency store and single-flight when configured (the
+        key scoped to the call's tenant, operation and group, bound to the request's content); one
         the router's shutdown cancels raises :class:`RouterClosedError` (its report: cancelled)."""
+        hold = _call_secrets(kwargs)
         shutdown = self.shutdown
         task = shutdown.enter()
         try:
-            if self.store is None:
-                return await walk_routes(self.engine, ctx, group, messages, kwargs)
-            return await self._stored(ctx, group, messages, kwargs)
+            return await self._complete(ctx, group, messages, kwargs)
         except asyncio.CancelledError:
             if shutdown.was_cut(task):
                 raise self._cut_short(ctx) from None
             raise
         finally:
             shutdown.leave(task)
+            if hold is not None:
+                hold.release()
 
     def _cut_short(self, ctx: CallState) -> RouterClosedError:
         """A call cancelled by the shutdown: its report published as cancelled, the error."""
@@ -226,21 +244,26 @@ class CallRunner:
             r,
         )
 
-    async def _stored(self, ctx: CallState, group: str, messages: Any, kwargs: dict[str, Any]) -> Any:
-        """:meth:`complete` with the idempotency store and single-flight."""
+    async def _complete(self, ctx: CallState, group: str, messages: Any, kwargs: dict[str, Any]) -> Any:
         store = self.store
-        assert store is not None
-        key = ctx.report.idempotency_key
-        assert key is not None  # set in open_call whenever a store is configured
+        if store is None:
+            return await walk_routes(self.engine, ctx, group, messages, kwargs)
+        given = ctx.report.idempotency_key
+        assert given is not None  # set in open_call whenever a store is configured
+        keyed = group if ctx.operation == "completion" else f"{ctx.operation}:{group}"
+        content = given if ctx.opts.key is None else fingerprint(keyed, messages, kwargs)
+        key = scoped_key(scope_of(kwargs.get("metadata"), self.scope_keys), ctx.operation, group, given)
         stored = store.get(key)
         if stored is not None:
+            self._check_content(ctx, given, stored, content)
             return self._replay(ctx, stored)
-        leader = self._single_flight.join(key)
-        if leader is not None:
-            shared = await self._follow(ctx, leader)
+        inflight = self._single_flight.join(key)
+        if inflight is not None:
+            self._check_content(ctx, given, {"fingerprint": inflight[1]}, content)
+            shared = await self._follow(ctx, inflight[0])
             if shared is not None:
                 return self._replay(ctx, shared)
-        fut = self._single_flight.lead(key)
+        fut = self._single_flight.lead(key, content)
         entry: dict[str, Any] | None = None
         try:
             resp = await walk_routes(self.engine, ctx, group, messages, kwargs)
@@ -252,6 +275,7 @@ class CallRunner:
                 "call_id": r.call_id,
                 "stored_at": self.engine.clock.wall(),
                 "operation": ctx.operation,
+                "fingerprint": content,
             }
             if not r.degraded:
                 store.put(key, entry, self.ttl)
@@ -259,6 +283,18 @@ class CallRunner:
         finally:
             self._single_flight.done(key)
             fut.set_result(entry)  # followers replay it, or (None) make their own call
+
+    def _check_content(self, ctx: CallState, given: str, entry: Mapping[str, Any], content: str) -> None:
+        """A key reused with other content: the call ends as the caller's error (published)."""
+        try:
+            check_content(given, entry, content)
+        except ConfigError as err:
+            r = ctx.report
+            r.outcome, r.error_class = "failure", ErrorClass.BAD_REQUEST
+            r.total_latency_s = self.engine.clock.wall() - r.started_at
+            attach_report(err, r)
+            self.engine.emit(ctx, r)
+            raise
 
     def _replay(self, ctx: CallState, entry: Mapping[str, Any]) -> Any:
         resp = response_type(entry.get("operation", "completion"))(**entry["response"])
@@ -277,19 +313,37 @@ class CallRunner:
     async def stream(
         self, ctx: CallState, group: str, messages: Any, kwargs: dict[str, Any]
     ) -> ResilientStream | StaticStream:
-        """A stream call: the first route's :class:`ResilientStream` (or a static answer's)."""
+        """A stream call: the first route's :class:`ResilientStream` (or a static answer's); the
+        call's own credentials stay held for scrubbing while the stream is alive; one the
+        router's shutdown cancels raises :class:`RouterClosedError`."""
+        hold = _call_secrets(kwargs)
         shutdown = self.shutdown
         task = shutdown.enter()
         try:
             result = await walk_routes(self.engine, ctx, group, messages, kwargs)
         except asyncio.CancelledError:
+            if hold is not None:
+                hold.release()
             if shutdown.was_cut(task):
                 raise self._cut_short(ctx) from None
+            raise
+        except BaseException:
+            if hold is not None:
+                hold.release()
             raise
         finally:
             shutdown.leave(task)
         assert isinstance(result, ResilientStream | StaticStream)
+        if hold is not None:
+            weakref.finalize(result, hold.release)
         return result
+
+
+def _call_secrets(kwargs: Mapping[str, Any]) -> SecretHold | None:
+    """The call's own credentials (a per-call ``api_key``, ``aws_*``, header values), held for
+    scrubbing from its errors, reports and logs while it runs; None when it brings none."""
+    values = credential_values(kwargs) if kwargs else ()
+    return SecretHold(values) if values else None
 
 
 def response_type(operation: str) -> Any:

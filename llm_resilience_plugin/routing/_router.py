@@ -14,7 +14,7 @@ import copy
 import math
 import os
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -26,10 +26,16 @@ from llm_resilience_plugin._engine.clock import Clock
 from llm_resilience_plugin._engine.core import BeforeRetry
 from llm_resilience_plugin._engine.drivers import SyncRunner
 from llm_resilience_plugin._engine.engine import Engine
-from llm_resilience_plugin._engine.idempotency import IdempotencyStore, open_store
+from llm_resilience_plugin._engine.idempotency import DEFAULT_SCOPE_KEYS, IdempotencyStore, open_store
 from llm_resilience_plugin._engine.retry import RetryBudget
 from llm_resilience_plugin._env import allow_loopback
-from llm_resilience_plugin._redaction import mask_url, register_secret, url_has_credentials
+from llm_resilience_plugin._redaction import (
+    SecretHold,
+    credential_values,
+    mask_params,
+    mask_url,
+    url_has_credentials,
+)
 from llm_resilience_plugin.errors import ConfigError
 from llm_resilience_plugin.events import (
     REPORT_KEY,
@@ -59,29 +65,31 @@ from llm_resilience_plugin.routing._streams import ResilientStream, StaticStream
 
 
 def _deployment_info(d: Mapping[str, Any]) -> DeploymentInfo:
-    """What the plugin keeps of one of LiteLLM's deployment dicts: no key, secret or token, and
-    no credentials in URLs (the keys are registered for scrubbing from every record)."""
+    """What the plugin keeps of one of LiteLLM's deployment dicts: no key, secret, token or
+    credential blob, header values masked, no credentials in URLs (the secrets are held for
+    scrubbing from every record while the router is open, see :func:`_secrets_of`)."""
     lp = d["litellm_params"]
-    for name, value in lp.items():
-        if isinstance(value, str) and (
-            "key" in name or "secret" in name or "token" in name.replace("per_token", "")
-        ):
-            register_secret(
-                os.environ.get(value[len("os.environ/") :]) if value.startswith("os.environ/") else value
-            )
     params = {**(d.get("model_info") or {}), **lp}
     return DeploymentInfo(
         id=str((d.get("model_info") or {}).get("id")),
         model_group=d["model_name"],
         model=lp["model"],
         api_base=mask_url(lp.get("api_base")),
-        params={
-            k: (mask_url(v) if isinstance(v, str) else v)
-            for k, v in params.items()
-            if ("key" not in k and "secret" not in k and "token" not in k.replace("per_token", ""))
-            or (k.endswith("_tokens") and type(v) is int)  # token counts (max_output_tokens) are no secret
-        },
+        params=mask_params(params),
     )
+
+
+def _secrets_of(model_list: list[dict[str, Any]]) -> list[str]:
+    """Every credential of every deployment (``os.environ/NAME`` references resolved)."""
+    out: list[str] = []
+    for d in model_list:
+        for value in credential_values(d.get("litellm_params") or {}):
+            resolved = (
+                os.environ.get(value[len("os.environ/") :]) if value.startswith("os.environ/") else value
+            )
+            if resolved:
+                out.append(resolved)
+    return out
 
 
 def _with_readable_ids(model_list: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -168,15 +176,26 @@ class ResilientRouter(EndpointsMixin):
         self._init_from_spec(spec, clock=clock, seed=seed, guards=guards, shared_state=shared_state)
         self.set_idempotency_store(idempotency_store, ttl=idempotency_ttl)
 
-    def set_idempotency_store(self, store: str | IdempotencyStore | None, *, ttl: float = 600.0) -> None:
+    def set_idempotency_store(
+        self,
+        store: str | IdempotencyStore | None,
+        *,
+        ttl: float = 600.0,
+        scope: Sequence[str] = DEFAULT_SCOPE_KEYS,
+    ) -> None:
         """Return stored results for repeated idempotency keys within ``ttl`` seconds.
 
         ``"memory"``, ``"sqlite:///path.db"``, any object with ``get``/``put``, or None (off).
+        ``scope``: the metadata keys (or ``key:value`` tags) a key is scoped by besides the
+        operation and model group (default: the tenant).
         """
         if isinstance(ttl, bool) or not isinstance(ttl, int | float) or ttl <= 0:
             raise ConfigError("idempotency_ttl", "must be a positive number of seconds")
+        if isinstance(scope, str) or not all(isinstance(k, str) and k for k in scope):
+            raise ConfigError("idempotency_scope", "expected a list of metadata keys, e.g. ['tenant']")
         self.calls.store = open_store(store)
         self.calls.ttl = float(ttl)
+        self.calls.scope_keys = tuple(scope)
 
     @classmethod
     def from_spec(
@@ -228,6 +247,9 @@ class ResilientRouter(EndpointsMixin):
         self.spec = spec
         self.policy = spec.policy
         _refuse_url_credentials(spec.model_list)
+        # The deployments' secrets are scrubbed from every record until this router closes.
+        hold = SecretHold(_secrets_of(spec.model_list))
+        self._forget_secrets = weakref.finalize(self, hold.release)
         self._router = litellm.Router(
             model_list=_with_readable_ids(spec.model_list),
             **spec.router_settings,
@@ -282,6 +304,7 @@ class ResilientRouter(EndpointsMixin):
             self._detach_observability = apply_observability(self, self.policy.observability)
         except ConfigError:
             self._finalizer()
+            self._forget_secrets()
             raise
 
     # -- introspection ---------------------------------------------------------------------------
@@ -405,6 +428,7 @@ class ResilientRouter(EndpointsMixin):
     def _release(self) -> None:
         self._detach_observability()
         self._finalizer()
+        self._forget_secrets()
 
 
 def _grace(value: Any) -> float:

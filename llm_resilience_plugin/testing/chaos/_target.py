@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from llm_resilience_plugin._redaction import is_secret_key
+from llm_resilience_plugin._redaction import is_call_secret
 from llm_resilience_plugin.errors import ConfigError
 
 __all__ = ["DIALECTS", "Deployment", "Target", "provider_of", "simulated_target"]
@@ -152,8 +152,8 @@ def simulated_target(
             for k, v in dict(entry.get("litellm_params") or {}).items()
             if not (isinstance(v, str) and v.startswith(_ENV_PREFIX))
             and k not in _ELSEWHERE
-            and not is_secret_key(str(k))
-        }
+            and not is_call_secret(str(k))
+        }  # no credential reaches the simulator, a traceback or a report (the dialect sets a fake key)
         info = dict(entry.get("model_info") or {})
         dep_id = str(info.get("id") or f"{group}-{seen.get(group, 0)}")
         seen[group] = seen.get(group, 0) + 1
