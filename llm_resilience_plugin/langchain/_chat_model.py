@@ -28,6 +28,7 @@ from pydantic import AliasChoices, BaseModel, Field, PrivateAttr, SecretStr, fie
 
 from llm_resilience_plugin.errors import ConfigError, UnknownModelGroupError
 from llm_resilience_plugin.langchain._bridge import AnyRunManager, EventSink, bridge_router, find_run_manager
+from llm_resilience_plugin.langchain._capabilities import GroupMap, count_tokens, token_ids
 from llm_resilience_plugin.langchain._construction import (
     RouterLease,
     build_router_spec,
@@ -191,6 +192,8 @@ class ResilientChatModel(ClosesRouter, BaseChatModel):
             raise UnknownModelGroupError(self.model, groups)
         if self._spec is not None:  # held from construction: configured copies share the router
             self._hold_router()
+        if self.profile is None:  # LangChain's profile: the smallest across the group's routes
+            self.profile = self._group_map().profile()
 
     @classmethod
     def from_config(
@@ -300,17 +303,28 @@ class ResilientChatModel(ClosesRouter, BaseChatModel):
             params["ls_stop"] = list(ls_stop)
         return params
 
+    def _group_map(self) -> GroupMap:
+        """The deployments of the group and of every group its calls may fall back to."""
+        if self.router is not None:
+            return GroupMap.of(self.router.spec, self.model, self.router.deployments(self.model))
+        return GroupMap.of(self._spec, self.model)
+
     def get_num_tokens_from_messages(
         self, messages: list[BaseMessage], tools: Sequence[ToolLike] | None = None
     ) -> int:
         """Prompt tokens by LiteLLM's counter for the group's first deployment model (offline for
         OpenAI, Anthropic and DeepSeek models; others fall back to LiteLLM's default encoding)."""
-        import litellm
-
-        infos = self.get_router().deployments(self.model)
-        model = infos[0].model if infos else self.model
         oai_tools: Any = [convert_to_openai_tool(t) for t in tools] if tools else None
-        return int(litellm.token_counter(model=model, messages=to_openai_messages(messages), tools=oai_tools))
+        model = self._group_map().token_model()
+        return count_tokens(model, messages=to_openai_messages(messages), tools=oai_tools)
+
+    def get_num_tokens(self, text: str) -> int:
+        """Tokens of ``text`` by LiteLLM's counter for the group's model (no ``transformers``)."""
+        return count_tokens(self._group_map().token_model(), text=text)
+
+    def get_token_ids(self, text: str) -> list[int]:
+        """Token ids of ``text`` by LiteLLM's encoder for the group's model."""
+        return token_ids(self._group_map().token_model(), text)
 
     # -- tools and structured output -------------------------------------------------------------
 
@@ -348,7 +362,10 @@ class ResilientChatModel(ClosesRouter, BaseChatModel):
         """
         if kwargs:
             raise ValueError(f"Received unsupported arguments {kwargs}")
-        return structured_output(self, schema, method=method, include_raw=include_raw, strict=strict)
+        routes = self._group_map().strict_routes() if method == "json_schema" else None
+        return structured_output(
+            self, schema, method=method, include_raw=include_raw, strict=strict, strict_routes=routes
+        )
 
     # -- the run's config (for a deadline carried in `configurable` / metadata) -----------------
 

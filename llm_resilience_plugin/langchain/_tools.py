@@ -72,14 +72,48 @@ def json_parser(schema: dict[str, Any] | type | None, is_pydantic: bool) -> Outp
 
 
 def response_format_schema(schema: dict[str, Any] | type, strict: bool | None) -> dict[str, Any]:
-    """The ``json_schema`` member of an OpenAI ``response_format`` for ``schema``."""
-    tool = convert_to_openai_tool(schema, strict=strict)
+    """The ``json_schema`` member of an OpenAI ``response_format`` for a JSON schema or TypedDict
+    (``strict`` unset is sent as ``False``, as ``ChatOpenAI`` sends it)."""
+    tool = convert_to_openai_tool(schema, strict=bool(strict))
     json_schema: dict[str, Any] = {"name": tool["function"]["name"], "schema": tool["function"]["parameters"]}
     if tool["function"].get("description"):
         json_schema["description"] = tool["function"]["description"]
-    if strict is not None:
-        json_schema["strict"] = strict
+    json_schema["strict"] = bool(strict)
     return json_schema
+
+
+def pydantic_response_format(schema: type, strict: bool) -> dict[str, Any]:
+    """The ``response_format`` of a Pydantic class as the OpenAI SDK (and so ``ChatOpenAI``) sends
+    it: the strict form of its schema (closed objects, every property required), marked
+    ``strict`` or not."""
+    from litellm.utils import type_to_response_format_param
+
+    response_format = type_to_response_format_param(schema)
+    assert response_format is not None
+    response_format["json_schema"]["strict"] = strict
+    return response_format
+
+
+def json_schema_binding(
+    schema: dict[str, Any] | type, strict: bool | None, *, is_pydantic: bool, strict_routes: Mapping[str, bool]
+) -> dict[str, Any]:
+    """What ``method="json_schema"`` binds: the ``response_format`` and, when some reachable
+    groups take it another way, ``kwargs_by_group`` with theirs. A Pydantic class without an
+    explicit ``strict`` is strict on every group whose models take strict output
+    (``strict_routes``: each reachable group, the model's own first); an explicit ``strict`` is
+    sent everywhere."""
+    if not is_pydantic:
+        return {"response_format": {"type": "json_schema", "json_schema": response_format_schema(schema, strict)}}
+    assert isinstance(schema, type)
+    if strict is not None or not strict_routes:
+        return {"response_format": pydantic_response_format(schema, True if strict is None else strict)}
+    here = next(iter(strict_routes.values()))
+    bound: dict[str, Any] = {"response_format": pydantic_response_format(schema, here)}
+    others = [g for g, takes in strict_routes.items() if takes != here]
+    if others:
+        other = pydantic_response_format(schema, not here)
+        bound["kwargs_by_group"] = {g: {"response_format": other} for g in others}
+    return bound
 
 
 def with_parser(
@@ -104,9 +138,11 @@ def structured_output(
     method: StructuredOutputMethod,
     include_raw: bool,
     strict: bool | None,
+    strict_routes: Mapping[str, bool] | None = None,
 ) -> Runnable[LanguageModelInput, dict[str, Any] | BaseModel]:
     """The ``with_structured_output`` chain of ``model``: a binding for ``method`` (carrying
-    ``ls_structured_output_format``, which langchain-tests checks) piped into its parser."""
+    ``ls_structured_output_format``, which langchain-tests checks) piped into its parser.
+    ``strict_routes``: which groups a call may reach take strict ``json_schema`` output."""
     is_pydantic = isinstance(schema, type) and is_basemodel_subclass(schema)
     ls_format: dict[str, Any] | None = (
         {"kwargs": {"method": method, "strict": strict}, "schema": schema} if schema is not None else None
@@ -131,8 +167,8 @@ def structured_output(
     elif method == "json_schema":
         if schema is None:
             raise ValueError("method='json_schema' needs a schema")
-        response_format = {"type": "json_schema", "json_schema": response_format_schema(schema, strict)}
-        llm = model.bind(response_format=response_format, ls_structured_output_format=ls_format)
+        binding = json_schema_binding(schema, strict, is_pydantic=is_pydantic, strict_routes=strict_routes or {})
+        llm = model.bind(**binding, ls_structured_output_format=ls_format)
         parser = json_parser(schema, is_pydantic)
     elif method == "json_mode":
         bind_kwargs: dict[str, Any] = {"response_format": {"type": "json_object"}}
