@@ -45,15 +45,18 @@ class Deployment:
     declared: Mapping[str, Any]
 
     def model_map(self) -> Mapping[str, Any] | None:
-        """LiteLLM's entry for the model (``base_model`` first), or None when it has none."""
+        """LiteLLM's entry for the model (``base_model`` first), or None when it has none (an
+        entry with neither a mode nor a context window only carries a price someone registered)."""
         import litellm
 
         for name in (self.declared.get("base_model"), self.model):
             if isinstance(name, str) and name:
                 try:
-                    return litellm.get_model_info(name, custom_llm_provider=self.provider)
+                    info = litellm.get_model_info(name, custom_llm_provider=self.provider)
                 except Exception:
                     continue
+                if info.get("mode") or info.get("max_input_tokens"):
+                    return info
         return None
 
     def capability(self, key: str, known: Mapping[str, Any] | None) -> Any:

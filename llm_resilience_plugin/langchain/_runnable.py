@@ -27,7 +27,7 @@ import copy
 import functools
 import threading
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
@@ -35,7 +35,8 @@ from langchain_core.callbacks import (
     AsyncCallbackManagerForChainRun,
     CallbackManagerForChainRun,
 )
-from langchain_core.runnables import Runnable, RunnableConfig
+from langchain_core.language_models import BaseChatModel
+from langchain_core.runnables import Runnable, RunnableBinding, RunnableConfig
 from langchain_core.runnables.config import ensure_config
 from langchain_core.utils.pydantic import TypeBaseModel
 
@@ -117,6 +118,7 @@ class _Run:
     config: RunnableConfig
     kwargs: dict[str, Any]
     sink: EventSink
+    target: Runnable[Any, Any]  # the wrapped Runnable (a bound copy of a chat model, say)
 
     def args(self) -> tuple[Any, RunnableConfig]:
         """One attempt's positional arguments: its own copy of the input, and the config."""
@@ -225,8 +227,8 @@ class _RunnableDispatcher:
             with run.sink.scope():
                 async with asyncio.timeout(min(timeout_s, bound)):
                     if not attempt.call.stream:
-                        return await self.owner.bound.ainvoke(*run.args(), **run.kwargs)
-                    it = aiter(self.owner.bound.astream(*run.args(), **run.kwargs))
+                        return await run.target.ainvoke(*run.args(), **run.kwargs)
+                    it = aiter(run.target.astream(*run.args(), **run.kwargs))
                     return _Open.of(await anext(it, _END), it)
         except Exception:
             await _aclose(it)
@@ -245,10 +247,8 @@ class _RunnableDispatcher:
         try:
             with run.sink.scope():
                 if not attempt.call.stream:
-                    return owner.run_sync_attempt(
-                        lambda: owner.bound.invoke(*run.args(), **run.kwargs), limit
-                    )
-                it = iter(owner.bound.stream(*run.args(), **run.kwargs))
+                    return owner.run_sync_attempt(lambda: run.target.invoke(*run.args(), **run.kwargs), limit)
+                it = iter(run.target.stream(*run.args(), **run.kwargs))
                 return _Open.of(owner.run_sync_attempt(functools.partial(next, it, _END), limit), it)
         except Exception:
             _close(it)
@@ -433,7 +433,7 @@ class ResilientRunnable(Runnable[Input, Output]):
             listener=sink.on_event,
             before_retry=sink.before_retry_async,
             opts=self._options,
-            context=_Run(input, config, kwargs, sink),
+            context=_Run(input, config, kwargs, sink, self.bound),
         )
 
     def run_sync_attempt(self, fn: Callable[[], Any], timeout: float) -> Any:
@@ -599,6 +599,47 @@ class ResilientRunnable(Runnable[Input, Output]):
             yield chunk
 
 
+def chat_model_of(runnable: Runnable[Any, Any]) -> BaseChatModel | None:
+    """The chat model ``runnable`` is, or binds (``model.bind_tools(...)``, ``with_config``)."""
+    while isinstance(runnable, RunnableBinding):
+        runnable = runnable.bound
+    return runnable if isinstance(runnable, BaseChatModel) else None
+
+
+class ResilientChatRunnable(ResilientRunnable[Input, Output]):
+    """``resilient()`` over a chat model: it keeps the chat model's surface. ``bind_tools``,
+    ``with_structured_output`` and ``with_config`` return wrappers of the bound model that share
+    this one's breaker, retry budget, policy and listeners (an agent binding its tools on every
+    turn keeps one breaker), and ``profile`` is the model's."""
+
+    def rebound(self, bound: Runnable[Any, Any]) -> ResilientChatRunnable[Any, Any]:
+        """This wrapper (same step, engine and options) around ``bound`` instead."""
+        twin = copy.copy(self)
+        twin.bound = bound
+        return twin
+
+    @property
+    def profile(self) -> Any:
+        """The wrapped chat model's ``profile`` (context window, tool calling, ...)."""
+        model = chat_model_of(self.bound)
+        return model.profile if model is not None else None
+
+    def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> ResilientChatRunnable[Any, Any]:
+        """The model's ``bind_tools``, wrapped the same way."""
+        return self.rebound(cast(Any, self.bound).bind_tools(tools, **kwargs))
+
+    def with_structured_output(self, schema: Any, **kwargs: Any) -> ResilientChatRunnable[Any, Any]:
+        """The model's ``with_structured_output`` chain, wrapped the same way (a reply that does
+        not parse is not retried: its error is not a provider failure)."""
+        return self.rebound(cast(Any, self.bound).with_structured_output(schema, **kwargs))
+
+    def with_config(
+        self, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> ResilientChatRunnable[Any, Any]:
+        """The model with ``config`` bound (its runs get the tags, callbacks, ...), wrapped the same way."""
+        return self.rebound(self.bound.with_config(config, **kwargs))
+
+
 def resilient(
     runnable: Runnable[Input, Output] | Callable[..., Any],
     *,
@@ -634,6 +675,9 @@ def resilient(
         clock / seed: for tests (``FakeClock`` makes backoff sleeps instant).
         listener: receives every event (also via :meth:`ResilientRunnable.subscribe`).
         emit_events: dispatch ``llm_resilience.*`` custom events to LangChain callbacks.
+
+    Over a chat model (or a binding of one) the wrapper is a :class:`ResilientChatRunnable`:
+    ``bind_tools``, ``with_structured_output`` and ``with_config`` keep it resilient.
     """
     if not isinstance(runnable, Runnable):
         if not callable(runnable):
@@ -641,7 +685,8 @@ def resilient(
         from langchain_core.runnables import RunnableLambda
 
         runnable = cast(Runnable[Input, Output], RunnableLambda(runnable))
-    return ResilientRunnable(
+    wrapper = ResilientChatRunnable if chat_model_of(runnable) is not None else ResilientRunnable
+    return wrapper(
         runnable,
         policy=policy,
         retry_on=retry_on,
@@ -658,4 +703,4 @@ def resilient(
     )
 
 
-__all__ = ["ResilientRunnable", "resilient"]
+__all__ = ["ResilientChatRunnable", "ResilientRunnable", "resilient"]
