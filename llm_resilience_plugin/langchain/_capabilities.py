@@ -164,11 +164,3 @@ def count_tokens(model: str, *, text: str | None = None, messages: Any = None, t
     if text is not None:
         return int(litellm.token_counter(model=model, text=text))
     return int(litellm.token_counter(model=model, messages=messages, tools=tools))
-
-
-def token_ids(model: str, text: str) -> list[int]:
-    """LiteLLM's ``encode`` for ``model``: the token ids of ``text``."""
-    import litellm
-
-    encoded = litellm.encode(model=model, text=text)
-    return list(getattr(encoded, "ids", encoded))

@@ -28,7 +28,7 @@ from pydantic import AliasChoices, BaseModel, Field, PrivateAttr, SecretStr, fie
 
 from llm_resilience_plugin.errors import ConfigError, UnknownModelGroupError
 from llm_resilience_plugin.langchain._bridge import AnyRunManager, EventSink, bridge_router, find_run_manager
-from llm_resilience_plugin.langchain._capabilities import GroupMap, count_tokens, token_ids
+from llm_resilience_plugin.langchain._capabilities import GroupMap, count_tokens
 from llm_resilience_plugin.langchain._construction import (
     RouterLease,
     build_router_spec,
@@ -321,10 +321,6 @@ class ResilientChatModel(ClosesRouter, BaseChatModel):
     def get_num_tokens(self, text: str) -> int:
         """Tokens of ``text`` by LiteLLM's counter for the group's model (no ``transformers``)."""
         return count_tokens(self._group_map().token_model(), text=text)
-
-    def get_token_ids(self, text: str) -> list[int]:
-        """Token ids of ``text`` by LiteLLM's encoder for the group's model."""
-        return token_ids(self._group_map().token_model(), text)
 
     # -- tools and structured output -------------------------------------------------------------
 
