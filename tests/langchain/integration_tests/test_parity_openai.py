@@ -159,6 +159,13 @@ def test_an_explicit_strict_is_sent_to_every_group(sim, ours) -> None:
     assert last_body(sim, "b")["response_format"]["json_schema"]["strict"] is True
 
 
+def test_an_explicit_strict_false_is_honoured_where_chat_openai_sends_strict_anyway(sim, ours) -> None:
+    openai(sim, "o").with_structured_output(Person, method="json_schema", strict=False).invoke("Ann is 31")
+    assert last_body(sim, "o")["response_format"]["json_schema"]["strict"] is True  # documented difference
+    ours.with_structured_output(Person, method="json_schema", strict=False).invoke("Ann is 31")
+    assert last_body(sim, "a")["response_format"]["json_schema"]["strict"] is False
+
+
 # -- 2. profile -------------------------------------------------------------------------------------
 
 
