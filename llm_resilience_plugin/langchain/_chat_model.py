@@ -354,7 +354,9 @@ class ResilientChatModel(ClosesRouter, BaseChatModel):
         ``function_calling`` (a forced tool call) or ``json_mode`` (``json_object``).
 
         Pydantic classes parse to instances; TypedDicts and JSON schemas parse to dicts.
-        ``include_raw=True`` returns ``{"raw", "parsed", "parsing_error"}``.
+        ``include_raw=True`` returns ``{"raw", "parsed", "parsing_error"}``. With ``json_schema``
+        and no ``strict``, a Pydantic class is asked strictly on every reachable group whose models
+        take it, else as a forced tool call (as ``ChatOpenAI`` decides it, per fallback group).
         """
         if kwargs:
             raise ValueError(f"Received unsupported arguments {kwargs}")

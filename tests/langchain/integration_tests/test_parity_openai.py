@@ -18,6 +18,8 @@ from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, ValidationError
 from typing_extensions import TypedDict
 
+from llm_resilience_plugin.errors import ErrorClass
+from llm_resilience_plugin.events import AttemptRecord
 from llm_resilience_plugin.langchain import ResilientChatModel, ResilientChatRunnable, resilient
 from llm_resilience_plugin.langchain._capabilities import GroupMap
 from llm_resilience_plugin.testing import FakeClock, Fault
@@ -360,3 +362,18 @@ def test_an_unparsable_structured_reply_raises_an_output_parser_exception(sim, o
     sim.script("a", Fault.ok(text="not json at all"))
     raw = ours.with_structured_output(Person, method="json_schema", include_raw=True).invoke("Ann is 31")
     assert raw["parsed"] is None and isinstance(raw["parsing_error"], OutputParserException)
+
+
+async def test_resilient_chat_model_runs_inside_create_agent_async(sim) -> None:
+    from langchain.agents import create_agent
+
+    question = {"messages": [HumanMessage("What is the weather in 'Paris'?")]}
+    plain = await create_agent(openai(sim, "o"), tools=[get_weather]).ainvoke(question)
+    sim.script("o", Fault.rate_limit())
+    wrapped = resilient(openai(sim, "o"), name="openai", clock=FakeClock())
+    seen: list[Any] = []
+    wrapped.subscribe(seen.append)  # the agent's bound copies report to the wrapper's listeners
+    answered = await create_agent(wrapped, tools=[get_weather]).ainvoke(question)
+    assert [m.content for m in answered["messages"]] == [m.content for m in plain["messages"]]
+    outcomes = [(r.outcome, r.error_class) for r in seen if isinstance(r, AttemptRecord)]
+    assert outcomes == [("failure", ErrorClass.RATE_LIMIT), ("success", None), ("success", None)]
