@@ -38,6 +38,7 @@ _EXPORTS: dict[str, str] = {
     "BudgetExceededError": "errors",
     "StreamInterruptedError": "errors",
     "LoadShedError": "errors",
+    "RateLimitWaitError": "errors",
     "CostGuard": "cost",
     "Budget": "cost",
 }
@@ -53,6 +54,7 @@ __all__ = [
     "DeadlineExceededError",
     "ErrorClass",
     "LoadShedError",
+    "RateLimitWaitError",
     "ResilienceError",
     "ResiliencePolicy",
     "ResilientRouter",
@@ -97,6 +99,7 @@ if TYPE_CHECKING:
         DeadlineExceededError,
         ErrorClass,
         LoadShedError,
+        RateLimitWaitError,
         ResilienceError,
         StreamInterruptedError,
     )

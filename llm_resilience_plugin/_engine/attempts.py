@@ -8,6 +8,7 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any
 
+from llm_resilience_plugin._engine import admission
 from llm_resilience_plugin._engine.attempt import ATTEMPT_IDS, AttemptContext
 from llm_resilience_plugin._engine.core import (
     CallState,
@@ -87,6 +88,9 @@ def cancelled(
 ) -> None:
     """The attempt was cancelled (or abandoned): its breaker counts nothing; guards settle."""
     engine.release(actx.admission)
+    if actx.grant is not None:  # in flight: its place frees; never sent: the slot comes back
+        pace = engine.paces[actx.grant.deployment_id]
+        pace.ended(actx.grant) if actx.sent else pace.give_back(actx.grant)
     if actx.guard_tokens:
         if actx.sent:  # in flight: the provider may bill it; the guard's policy decides
             actx.settle_guards(None, None, None, billable=True)
@@ -197,7 +201,16 @@ async def attempt(
     raised as :class:`AttemptFailed` (classified once)."""
     dispatcher = engine.dispatcher
     assert dispatcher is not None, "an engine needs a dispatcher before its first call"
-    actx, timeout_s, bound, started_wall, wait_before = begin(engine, call, group, level, exclude, holder)
+    grant = None
+    if engine.pacing_on:  # some deployment is rate-limited: wait for a slot, pinned to it
+        exclude, grant = await admission.admit(engine, call, group, exclude, messages, kwargs)
+    try:
+        actx, timeout_s, bound, started_wall, wait_before = begin(engine, call, group, level, exclude, holder)
+    except AttemptFailed:
+        if grant is not None:  # no time left to send it: the slot goes back
+            engine.paces[grant.deployment_id].give_back(grant)
+        raise
+    actx.grant = grant
     t0 = engine.clock.monotonic()
     try:
         if engine.guards:
@@ -224,7 +237,17 @@ def attempt_sync(
     dispatcher = engine.dispatcher
     if not isinstance(dispatcher, SyncDispatcher):
         raise TypeError(f"blocking attempts need a SyncDispatcher (with send_sync), not {dispatcher!r}")
-    actx, timeout_s, bound, started_wall, wait_before = begin(engine, call, group, level)
+    exclude: frozenset[str] = frozenset()
+    grant = None
+    if engine.pacing_on:  # some deployment is rate-limited: wait for a slot, pinned to it
+        exclude, grant = admission.admit_sync(engine, call, group, exclude, messages, kwargs)
+    try:
+        actx, timeout_s, bound, started_wall, wait_before = begin(engine, call, group, level, exclude)
+    except AttemptFailed:
+        if grant is not None:  # no time left to send it: the slot goes back
+            engine.paces[grant.deployment_id].give_back(grant)
+        raise
+    actx.grant = grant
     t0 = engine.clock.monotonic()
     try:
         if engine.guards:

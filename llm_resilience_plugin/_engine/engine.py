@@ -32,7 +32,9 @@ from llm_resilience_plugin._engine.dispatch import Dispatcher
 from llm_resilience_plugin._engine.hedging import HedgeState
 from llm_resilience_plugin._engine.holds import HoldQueue
 from llm_resilience_plugin._engine.learned import StreamTimings
+from llm_resilience_plugin._engine.pacing import Pace, SharedPace, configured_limits
 from llm_resilience_plugin._engine.retry import RetryAfterHeld, RetryBudget, SharedTokens
+from llm_resilience_plugin._engine.taxonomy import headers_of
 from llm_resilience_plugin.errors import ErrorClass, Failure
 from llm_resilience_plugin.events import (
     AttemptGuard,
@@ -52,6 +54,7 @@ _NO_ANSWER = frozenset({ErrorClass.TIMEOUT, ErrorClass.CONNECTION, ErrorClass.SE
 
 BackendFor = Callable[[DeploymentInfo, EffectivePolicy], BreakerBackend | None]
 BucketFor = Callable[[str, EffectivePolicy], SharedTokens | None]
+PaceFor = Callable[[DeploymentInfo], SharedPace | None]
 
 
 def _seconds(value: object) -> float | None:
@@ -124,6 +127,7 @@ class Engine:
         policies: Mapping[str, EffectivePolicy] | None = None,
         backend_for: BackendFor | None = None,
         bucket_for: BucketFor | None = None,
+        pace_for: PaceFor | None = None,
         shared_breakers: bool = False,
         retry_on: Callable[[BaseException], bool] | None = None,
         retry_on_max: int = 2,
@@ -196,6 +200,29 @@ class Engine:
             for g, p in self.policies.items()
             if p.hedge is not None and p.hedge.enabled
         }
+        pacing = self.policy.pacing
+        self.pacing_enabled = pacing.enabled
+        self.paces: dict[str, Pace] = {}
+        for info in self.deployments.values():
+            override = pacing.limits.get(info.id) or pacing.limits.get(info.model_group)
+            limits = configured_limits(info.params, override.model_dump() if override else None)
+            self.paces[info.id] = Pace(
+                info.id,
+                clock,
+                configured=limits,
+                learn=pacing.learn,
+                headroom=pacing.headroom,
+                shared=pace_for(info) if pace_for is not None and limits is not None else None,
+                fail_closed=pacing.on_shared_state_error == "fail_closed",
+            )
+        # True while any deployment is paced (a configured limit, a 429 seen, its slow start):
+        # otherwise no attempt asks for admission (the fast path).
+        self.pacing_on = pacing.enabled
+        if not pacing.enabled:
+            for p in self.paces.values():
+                p.end_slow_start()
+        self._ranks = {name: i for i, name in enumerate(self.policy.tiers)}
+        self._default_rank = self._ranks.get(self.policy.default_tier or "P1", len(self._ranks) // 2)
 
     # -- state the filter and the drivers read ---------------------------------------------------
 
@@ -283,6 +310,46 @@ class Engine:
             if alone or most <= hold:
                 return hold
             return hold + self.rng.uniform(0.0, min(2 * hold, most - hold))
+
+    def rank_of(self, call: CallState) -> int:
+        """The call's priority tier as a queue rank (P0 first; no priority: the default tier)."""
+        name = call.report.priority
+        return self._ranks.get(name, self._default_rank) if name is not None else self._default_rank
+
+    def pace_answered(
+        self, dep: str, actx: AttemptContext, latency: float, response: Any, usage: Any
+    ) -> None:
+        """An answer from ``dep``: the deployment accepted the request (its first pace counts
+        these), and its rate-limit headers (when near the limit, or once paced) set the pace."""
+        pace = self.paces.get(dep)
+        if pace is None:
+            return
+        pace.answered_at(self.clock.monotonic() - latency)
+        grant = actx.grant
+        if grant is not None:
+            pace.ended(grant)
+        headers = None
+        if response is not None:
+            hidden = actx.hidden or hidden_params_of(response)
+            if hidden:
+                headers = hidden.get("additional_headers")
+        if grant is None and not headers:
+            return
+        used = None
+        if grant is not None and grant.tokens and usage:
+            used = float(usage.get("total_tokens") or 0) or None
+        if pace.wants_headers(headers) or grant is not None:
+            if pace.on_answer(headers, grant.tokens if grant is not None else 0.0, used):
+                self.pacing_on = True
+
+    def rate_limited_failover(self, to_group: str) -> None:
+        """Calls are about to fail over to ``to_group`` for a rate limit: its idle deployments
+        with no known limit ramp up (slow start) rather than take the whole surge at once."""
+        if not self.pacing_enabled:
+            return
+        for dep in self.group_deployments.get(to_group, ()):
+            self.paces[dep].restart_slow_start()
+        self.pacing_on = True
 
     def fallback_chain(self, group: str, error_class: ErrorClass | None) -> list[str]:
         """The fallback groups of ``group`` after a failure of ``error_class``."""
@@ -387,6 +454,8 @@ class Engine:
         self.budgets[group].on_success()
         if actx.picked is not None:
             self.hold_queue.answered(actx.picked, self.clock.wall())
+            if self.pacing_enabled:
+                self.pace_answered(actx.picked, actx, latency, response, usage)
         if not call.stream:
             self.timings[group].observe_answer(latency)
         hedge = self.hedges.get(group) if self.hedges else None
@@ -437,19 +506,27 @@ class Engine:
         adm = actx.admission
         counts = self.counts_against(failure)
         pol = self.policies[group]
+        paced = self.pacing_enabled and failure.error_class is ErrorClass.RATE_LIMIT
         if adm is not None:
             b = self.breakers[adm.deployment_id]
             if failure.error_class is ErrorClass.RATE_LIMIT:
-                b.record_rate_limited(adm)  # a 429 is not an outage: its own, higher threshold
+                b.record_rate_limited(adm)  # a 429 is not an outage: see rate_limit_open_after
             elif counts:
                 b.record_failure(adm)
             else:
                 b.release(adm)
-            if failure.retry_after:
+            if paced and failure.status is not None:  # the provider's 429: the pace takes it
+                pace = self.paces[adm.deployment_id]
+                pace.on_rate_limited(failure.retry_after, headers_of(failure.exception), latency, actx.grant)
+                self.pacing_on = True
+            elif failure.retry_after:
                 b.hold(failure.retry_after)
                 self.hold_queue.held(adm.deployment_id, self.clock.wall(), failure.retry_after, call.call_id)
                 self.hold_until = max(self.hold_until, self.clock.wall() + failure.retry_after)
-        if counts:
+        if actx.grant is not None:  # sent: its in-flight place frees; not sent: the slot goes back
+            pace_of = self.paces[actx.grant.deployment_id]
+            pace_of.ended(actx.grant) if actx.sent else pace_of.give_back(actx.grant)
+        if counts and not paced:  # paced 429s are bounded by the pace, not the retry budget
             self.budgets[group].on_failure()
         if dep is not None:
             call.mark_failed(dep)
