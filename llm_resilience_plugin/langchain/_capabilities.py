@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from langchain_core.language_models import ModelProfile
+from langchain_core.messages import BaseMessage
+from langchain_core.utils.function_calling import convert_to_openai_tool
 
 from llm_resilience_plugin.errors import ErrorClass
 from llm_resilience_plugin.policy import RouterSpec
@@ -117,11 +119,11 @@ class GroupMap:
         known = [(d, d.model_map()) for d in deps]
         out: dict[str, Any] = {"text_inputs": True, "text_outputs": True}
         for key in PROFILE_LIMITS:
-            limit = _smallest(d.capability(key, k) for d, k in known)
+            limit = smallest(d.capability(key, k) for d, k in known)
             if limit is not None:
                 out[key] = int(limit)
         for flag, key in PROFILE_FLAGS.items():
-            value = _all_true([d.capability(key, k) for d, k in known])
+            value = all_true([d.capability(key, k) for d, k in known])
             if value is not None:
                 out[flag] = value
         if "tool_calling" in out:
@@ -139,7 +141,7 @@ def _provider(params: Mapping[str, Any]) -> str | None:
     return provider if isinstance(provider, str) else None
 
 
-def _smallest(values: Iterable[Any]) -> int | None:
+def smallest(values: Iterable[Any]) -> int | None:
     """The minimum when every value is known, else None."""
     seen = list(values)
     if not seen or any(not isinstance(v, int) or isinstance(v, bool) for v in seen):
@@ -147,13 +149,37 @@ def _smallest(values: Iterable[Any]) -> int | None:
     return min(seen)
 
 
-def _all_true(values: list[Any]) -> bool | None:
+def all_true(values: list[Any]) -> bool | None:
     """False if any says no, True if all say yes, None (unknown) otherwise."""
     if any(v is False for v in values):
         return False
     if values and all(v is True for v in values):
         return True
     return None
+
+
+class GroupCapabilities:
+    """What a chat model over a router group knows of itself (a mixin of the chat model): token
+    counts by LiteLLM's counter for the group's model, offline, without ``transformers``."""
+
+    def _capability_map(self) -> GroupMap:
+        """The group's routes and their deployments (the chat model says where they are)."""
+        raise NotImplementedError
+
+    def get_num_tokens_from_messages(
+        self, messages: list[BaseMessage], tools: Sequence[Any] | None = None
+    ) -> int:
+        """Prompt tokens by LiteLLM's counter for the group's first deployment model (offline for
+        OpenAI, Anthropic and DeepSeek models; others fall back to LiteLLM's default encoding)."""
+        from llm_resilience_plugin.langchain._convert import to_openai_messages
+
+        oai_tools = [convert_to_openai_tool(t) for t in tools] if tools else None
+        model = self._capability_map().token_model()
+        return count_tokens(model, messages=to_openai_messages(messages), tools=oai_tools)
+
+    def get_num_tokens(self, text: str) -> int:
+        """Tokens of ``text`` by LiteLLM's counter for the group's model (no ``transformers``)."""
+        return count_tokens(self._capability_map().token_model(), text=text)
 
 
 def count_tokens(model: str, *, text: str | None = None, messages: Any = None, tools: Any = None) -> int:

@@ -28,7 +28,7 @@ from pydantic import AliasChoices, BaseModel, Field, PrivateAttr, SecretStr, fie
 
 from llm_resilience_plugin.errors import ConfigError, UnknownModelGroupError
 from llm_resilience_plugin.langchain._bridge import AnyRunManager, EventSink, bridge_router, find_run_manager
-from llm_resilience_plugin.langchain._capabilities import GroupMap, count_tokens
+from llm_resilience_plugin.langchain._capabilities import GroupCapabilities, GroupMap
 from llm_resilience_plugin.langchain._construction import (
     RouterLease,
     build_router_spec,
@@ -36,7 +36,7 @@ from llm_resilience_plugin.langchain._construction import (
     lease_router,
     masked,
 )
-from llm_resilience_plugin.langchain._convert import json_safe, to_openai_messages
+from llm_resilience_plugin.langchain._convert import json_safe
 from llm_resilience_plugin.langchain._lifecycle import ClosesRouter
 from llm_resilience_plugin.langchain._recovery import AnsweredAgain, handed_over, new_run
 from llm_resilience_plugin.langchain._requests import ChatRequest, cache_key, chat_request, run_config
@@ -53,7 +53,7 @@ CONFIG_ENV = "LLM_RESILIENCE_CONFIG"
 API_KEY_ENV = "LLM_RESILIENCE_API_KEY"
 
 
-class ResilientChatModel(ClosesRouter, BaseChatModel):
+class ResilientChatModel(ClosesRouter, GroupCapabilities, BaseChatModel):
     """A LangChain chat model over one model group of a :class:`ResilientRouter`.
 
     Build it from an existing router, a LiteLLM config (YAML path or parsed mapping, with an
@@ -193,7 +193,7 @@ class ResilientChatModel(ClosesRouter, BaseChatModel):
         if self._spec is not None:  # held from construction: configured copies share the router
             self._hold_router()
         if self.profile is None:  # LangChain's profile: the smallest across the group's routes
-            self.profile = self._group_map().profile()
+            self.profile = self._capability_map().profile()
 
     @classmethod
     def from_config(
@@ -303,24 +303,11 @@ class ResilientChatModel(ClosesRouter, BaseChatModel):
             params["ls_stop"] = list(ls_stop)
         return params
 
-    def _group_map(self) -> GroupMap:
+    def _capability_map(self) -> GroupMap:
         """The deployments of the group and of every group its calls may fall back to."""
         if self.router is not None:
             return GroupMap.of(self.router.spec, self.model, self.router.deployments(self.model))
         return GroupMap.of(self._spec, self.model)
-
-    def get_num_tokens_from_messages(
-        self, messages: list[BaseMessage], tools: Sequence[ToolLike] | None = None
-    ) -> int:
-        """Prompt tokens by LiteLLM's counter for the group's first deployment model (offline for
-        OpenAI, Anthropic and DeepSeek models; others fall back to LiteLLM's default encoding)."""
-        oai_tools: Any = [convert_to_openai_tool(t) for t in tools] if tools else None
-        model = self._group_map().token_model()
-        return count_tokens(model, messages=to_openai_messages(messages), tools=oai_tools)
-
-    def get_num_tokens(self, text: str) -> int:
-        """Tokens of ``text`` by LiteLLM's counter for the group's model (no ``transformers``)."""
-        return count_tokens(self._group_map().token_model(), text=text)
 
     # -- tools and structured output -------------------------------------------------------------
 
@@ -354,13 +341,12 @@ class ResilientChatModel(ClosesRouter, BaseChatModel):
         ``function_calling`` (a forced tool call) or ``json_mode`` (``json_object``).
 
         Pydantic classes parse to instances; TypedDicts and JSON schemas parse to dicts.
-        ``include_raw=True`` returns ``{"raw", "parsed", "parsing_error"}``. With ``json_schema``
-        and no ``strict``, a Pydantic class is asked strictly on every reachable group whose models
-        take it, else as a forced tool call (as ``ChatOpenAI`` decides it, per fallback group).
+        ``include_raw=True`` returns ``{"raw", "parsed", "parsing_error"}``. A Pydantic class is
+        asked strictly per fallback group where supported (``GroupCapabilities``).
         """
         if kwargs:
             raise ValueError(f"Received unsupported arguments {kwargs}")
-        routes = self._group_map().strict_routes() if method == "json_schema" else None
+        routes = self._capability_map().strict_routes
         return structured_output(
             self, schema, method=method, include_raw=include_raw, strict=strict, strict_routes=routes
         )

@@ -186,11 +186,12 @@ def structured_output(
     method: StructuredOutputMethod,
     include_raw: bool,
     strict: bool | None,
-    strict_routes: Mapping[str, bool] | None = None,
+    strict_routes: Callable[[], Mapping[str, bool]] | None = None,
 ) -> Runnable[LanguageModelInput, dict[str, Any] | BaseModel]:
     """The ``with_structured_output`` chain of ``model``: a binding for ``method`` (carrying
     ``ls_structured_output_format``, which langchain-tests checks) piped into its parser.
-    ``strict_routes``: which groups a call may reach take strict ``json_schema`` output."""
+    ``strict_routes``: which groups a call may reach take strict ``json_schema`` output (asked
+    for ``json_schema`` only)."""
     is_pydantic = isinstance(schema, type) and is_basemodel_subclass(schema)
     ls_format: dict[str, Any] | None = (
         {"kwargs": {"method": method, "strict": strict}, "schema": schema} if schema is not None else None
@@ -213,7 +214,7 @@ def structured_output(
         if schema is None:
             raise ValueError("method='json_schema' needs a schema")
         binding = json_schema_binding(
-            schema, strict, is_pydantic=is_pydantic, strict_routes=strict_routes or {}
+            schema, strict, is_pydantic=is_pydantic, strict_routes=strict_routes() if strict_routes else {}
         )
         llm = model.bind(**binding, ls_structured_output_format=ls_format)
         parser = json_parser(schema, is_pydantic)

@@ -147,7 +147,7 @@ def test_a_group_is_asked_the_way_its_least_capable_deployment_takes(sim) -> Non
     with ResilientChatModel(model_list=model_list, model="mixed", policy=FAST_POLICY) as llm:
         assert llm.with_structured_output(Person).invoke("Ann is 31") == Person(name="example", age=31)
         assert all(r.body.get("tools") and not r.body.get("response_format") for r in sim.requests())
-        spec = llm._spec
+        spec = llm.get_router().spec
         assert {g: GroupMap.of(spec, g).strict_routes()[g] for g in ("mixed", "declared", "refuses")} == {
             "mixed": False,
             "declared": True,

@@ -10,7 +10,7 @@ from langchain_core.outputs import ChatGeneration
 from pydantic import BaseModel
 
 from llm_resilience_plugin.langchain import ResilientChatModel
-from llm_resilience_plugin.langchain._capabilities import Deployment, GroupMap, _all_true, _smallest
+from llm_resilience_plugin.langchain._capabilities import Deployment, GroupMap, all_true, smallest
 from llm_resilience_plugin.langchain._tools import ContentOrToolParser, json_schema_binding
 from llm_resilience_plugin.policy import build_spec
 
@@ -21,11 +21,11 @@ class Person(BaseModel):
 
 
 def test_the_smallest_capability_wins() -> None:
-    assert _all_true([True, True]) is True
-    assert _all_true([True, False, None]) is False  # one route that cannot is enough
-    assert _all_true([True, None]) is None and _all_true([]) is None  # unknown: left out
-    assert _smallest([128000, 8192]) == 8192
-    assert _smallest([128000, None]) is None and _smallest([]) is None
+    assert all_true([True, True]) is True
+    assert all_true([True, False, None]) is False  # one route that cannot is enough
+    assert all_true([True, None]) is None and all_true([]) is None  # unknown: left out
+    assert smallest([128000, 8192]) == 8192
+    assert smallest([128000, None]) is None and smallest([]) is None
 
 
 @pytest.mark.parametrize(
