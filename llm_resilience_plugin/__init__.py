@@ -38,7 +38,6 @@ _EXPORTS: dict[str, str] = {
     "BudgetExceededError": "errors",
     "StreamInterruptedError": "errors",
     "LoadShedError": "errors",
-    "RateLimitWaitError": "errors",
     "CostGuard": "cost",
     "Budget": "cost",
 }
@@ -54,7 +53,6 @@ __all__ = [
     "DeadlineExceededError",
     "ErrorClass",
     "LoadShedError",
-    "RateLimitWaitError",
     "ResilienceError",
     "ResiliencePolicy",
     "ResilientRouter",
@@ -99,7 +97,6 @@ if TYPE_CHECKING:
         DeadlineExceededError,
         ErrorClass,
         LoadShedError,
-        RateLimitWaitError,
         ResilienceError,
         StreamInterruptedError,
     )

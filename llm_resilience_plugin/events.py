@@ -466,6 +466,7 @@ _EVENT_NAMES: dict[type, str] = {
     HedgeSent: "hedge",
     StreamRestart: "stream_restart",
     BreakerTransition: "breaker",
+    Paced: "paced",
     CallReport: "call",
 }
 

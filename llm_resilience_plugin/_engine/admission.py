@@ -12,13 +12,16 @@ long it would have had to wait.
 
 from __future__ import annotations
 
+import asyncio
 import math
+import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from llm_resilience_plugin._engine.clock import Clock
 from llm_resilience_plugin._engine.core import CallState
-from llm_resilience_plugin._engine.pacing import DEFAULT_OUTPUT_TOKENS, Grant, Pace
-from llm_resilience_plugin._engine.retry import AttemptFailed
+from llm_resilience_plugin._engine.pacing import DEFAULT_OUTPUT_TOKENS, Grant, Pace, Waiter
+from llm_resilience_plugin._engine.retry import AttemptFailed, sleep_blocking
 from llm_resilience_plugin.errors import ErrorClass, Failure, PacedOut
 from llm_resilience_plugin.events import Paced
 
@@ -110,7 +113,7 @@ def _decide(
     if not any(paces[d].admits for d in ids):
         for d in ids:
             paces[d].forget_if_idle()
-        engine.pacing_on = any(p.limited for p in paces.values())  # back to the fast path
+        engine.paces.on = any(p.limited for p in paces.values())  # back to the fast path
         return NOTHING_PACED, None, 0.0, 0.0, 0.0, 0.0
     tokens = tokens_for(engine, group, messages, kwargs) if _wants_tokens(paces, ids) else 0.0
     for d in ids:
@@ -118,8 +121,8 @@ def _decide(
         if not p.admits:
             return (_pin(engine, group, d), None), None, 0.0, tokens, 0.0, 0.0
         if p.try_take(tokens):
-            return (_pin(engine, group, d), Grant(d, tokens, 0.0)), None, 0.0, tokens, 0.0, 0.0
-    rank = engine.rank_of(call)
+            return (_pin(engine, group, d), p.grant(tokens, 0.0)), None, 0.0, tokens, 0.0, 0.0
+    rank = engine.paces.rank_of(call)
     wait, dep = min((paces[d].estimate(rank, tokens), d) for d in ids)
     pol = engine.policies[group]
     room = call.deadline.remaining() - pol.min_attempt_time
@@ -154,7 +157,7 @@ def _gave_up(
 ) -> AttemptFailed:
     waited = engine.clock.monotonic() - started
     call.report.queued_s += waited
-    left = pace.estimate(engine.rank_of(call))
+    left = pace.estimate(engine.paces.rank_of(call))
     why = FALLBACK_HAS_ROOM if outcome == "leave" else NO_ROOM
     return _paced_out(engine, call, group, left, why.format(group=group))
 
@@ -165,7 +168,138 @@ def _queued(engine: Engine, call: CallState, group: str, pace: Pace, waited: flo
     engine.emit(
         call, Paced(call.call_id, group, pace.deployment_id, waited, call.report.priority, pace.queued)
     )
-    return _pin(engine, group, pace.deployment_id), Grant(pace.deployment_id, tokens, waited)
+    return _pin(engine, group, pace.deployment_id), pace.grant(tokens, waited)
+
+
+# How often a waiter with sibling deployments looks whether one of them has a slot (seconds).
+ELSEWHERE_EVERY = 0.25
+
+
+async def _wait_async(
+    pace: Pace, w: Waiter, give_up_at: float, leave_at: float, elsewhere: _Sibling | None
+) -> str:
+    """Wait (async) for ``w``'s slot: ``granted``, ``deadline``, ``leave`` (a fallback has more
+    headroom) or ``moved`` (a sibling deployment has a slot now: ``elsewhere`` took it)."""
+    loop = asyncio.get_running_loop()
+    real = type(pace.clock).sleep is Clock.sleep
+    started = pace.clock.monotonic()
+    outcome: str | None = None
+    try:
+        while True:
+            fut: asyncio.Future[None] = loop.create_future()
+            outcome, wait = pace.turn(w, started, give_up_at, leave_at, fut)
+            if outcome is not None:
+                return outcome
+            if elsewhere is not None:
+                if elsewhere():
+                    w.gone = True
+                    outcome = "moved"
+                    return outcome
+                wait = min(wait, ELSEWHERE_EVERY)
+            if real:
+                try:
+                    await asyncio.wait_for(fut, wait)
+                except TimeoutError:
+                    pass
+            else:
+                await pace.clock.sleep(wait)
+    finally:
+        w.wake = None
+        if outcome != "granted":  # cancelled, gave up or moved: out of the queue, its slot back
+            pace.leave(w)
+
+
+def _wait_blocking(
+    pace: Pace, w: Waiter, give_up_at: float, leave_at: float, elsewhere: _Sibling | None
+) -> str:
+    """The blocking twin of :func:`_wait_async`, on the caller's thread."""
+    real = type(pace.clock).sleep is Clock.sleep
+    started = pace.clock.monotonic()
+    outcome: str | None = None
+    try:
+        while True:
+            event = threading.Event()
+            outcome, wait = pace.turn(w, started, give_up_at, leave_at, event)
+            if outcome is not None:
+                return outcome
+            if elsewhere is not None:
+                if elsewhere():
+                    w.gone = True
+                    outcome = "moved"
+                    return outcome
+                wait = min(wait, ELSEWHERE_EVERY)
+            if real:
+                event.wait(wait)
+            else:
+                sleep_blocking(pace.clock, wait)
+    finally:
+        w.wake = None
+        if outcome != "granted":
+            pace.leave(w)
+
+
+class _Sibling:
+    """While a call waits on one deployment's queue: does another of the group have a slot now?"""
+
+    def __init__(
+        self,
+        engine: Engine,
+        call: CallState,
+        group: str,
+        exclude: frozenset[str],
+        waiting: str,
+        tokens: float,
+    ):
+        self.others = [d for d in _candidates(engine, call, group, exclude) if d != waiting]
+        self.paces = engine.paces
+        self.tokens = tokens
+        self.taken: str | None = None
+
+    def __call__(self) -> bool:
+        for d in self.others:
+            p = self.paces[d]
+            if p.try_take(self.tokens):
+                self.taken = d
+                return True
+        return False
+
+
+def _after_wait(
+    engine: Engine,
+    call: CallState,
+    group: str,
+    exclude: frozenset[str],
+    pace: Pace,
+    outcome: str,
+    started: float,
+    sibling: _Sibling | None,
+    tokens: float,
+) -> Plan:
+    if outcome == "moved" and sibling is not None and sibling.taken is not None:
+        moved = engine.paces[sibling.taken]
+        plan = _queued(engine, call, group, moved, engine.clock.monotonic() - started, tokens)
+    elif outcome != "granted":
+        raise _gave_up(engine, call, group, pace, outcome, started)
+    else:
+        plan = _queued(engine, call, group, pace, engine.clock.monotonic() - started, tokens)
+    return (exclude | plan[0], plan[1])
+
+
+def _prepare(
+    engine: Engine,
+    call: CallState,
+    group: str,
+    exclude: frozenset[str],
+    messages: Any,
+    kwargs: Mapping[str, Any],
+) -> tuple[Plan | None, Any]:
+    plan, pace, _wait, tokens, give_up_at, leave_at = _decide(engine, call, group, exclude, messages, kwargs)
+    if plan is not None:
+        return (exclude | plan[0], plan[1]), None
+    assert pace is not None
+    sibling = _Sibling(engine, call, group, exclude, pace.deployment_id, tokens)
+    waiter = pace.join(engine.paces.rank_of(call), tokens)
+    return None, (pace, waiter, give_up_at, leave_at, sibling if sibling.others else None, tokens)
 
 
 async def admit(
@@ -177,17 +311,13 @@ async def admit(
     kwargs: Mapping[str, Any],
 ) -> Plan:
     """Where the attempt may go now, after waiting for a slot if it must (async)."""
-    plan, pace, _wait, tokens, give_up_at, leave_at = _decide(engine, call, group, exclude, messages, kwargs)
+    plan, waiting = _prepare(engine, call, group, exclude, messages, kwargs)
     if plan is not None:
-        return (exclude | plan[0], plan[1])
-    assert pace is not None
+        return plan
+    pace, w, give_up_at, leave_at, sibling, tokens = waiting
     started = engine.clock.monotonic()
-    w = pace.join(engine.rank_of(call), tokens)
-    outcome = await pace.wait_async(w, give_up_at, leave_at)
-    if outcome != "granted":
-        raise _gave_up(engine, call, group, pace, outcome, started)
-    plan = _queued(engine, call, group, pace, engine.clock.monotonic() - started, tokens)
-    return (exclude | plan[0], plan[1])
+    outcome = await _wait_async(pace, w, give_up_at, leave_at, sibling)
+    return _after_wait(engine, call, group, exclude, pace, outcome, started, sibling, tokens)
 
 
 def admit_sync(
@@ -199,14 +329,10 @@ def admit_sync(
     kwargs: Mapping[str, Any],
 ) -> Plan:
     """The blocking twin of :func:`admit`, on the caller's thread."""
-    plan, pace, _wait, tokens, give_up_at, leave_at = _decide(engine, call, group, exclude, messages, kwargs)
+    plan, waiting = _prepare(engine, call, group, exclude, messages, kwargs)
     if plan is not None:
-        return (exclude | plan[0], plan[1])
-    assert pace is not None
+        return plan
+    pace, w, give_up_at, leave_at, sibling, tokens = waiting
     started = engine.clock.monotonic()
-    w = pace.join(engine.rank_of(call), tokens)
-    outcome = pace.wait_blocking(w, give_up_at, leave_at)
-    if outcome != "granted":
-        raise _gave_up(engine, call, group, pace, outcome, started)
-    plan = _queued(engine, call, group, pace, engine.clock.monotonic() - started, tokens)
-    return (exclude | plan[0], plan[1])
+    outcome = _wait_blocking(pace, w, give_up_at, leave_at, sibling)
+    return _after_wait(engine, call, group, exclude, pace, outcome, started, sibling, tokens)

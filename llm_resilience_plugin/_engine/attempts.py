@@ -8,7 +8,7 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any
 
-from llm_resilience_plugin._engine import admission
+from llm_resilience_plugin._engine import admission, overload
 from llm_resilience_plugin._engine.attempt import ATTEMPT_IDS, AttemptContext
 from llm_resilience_plugin._engine.core import (
     CallState,
@@ -52,7 +52,7 @@ def begin(
         call.add_failure(failure)
         engine.record(call, group, level, None, failure, started_wall, 0.0, wait_before, "skipped")
         raise AttemptFailed(failure, None)
-    held = engine.held_back(call, group) if engine.hold_until and not exclude else None
+    held = overload.held_back(engine, call, group) if engine.hold_until and not exclude else None
     if held is not None:  # every deployment asked to be left alone for now: wait or fail over
         call.add_failure(held)
         engine.record(call, group, level, None, held, started_wall, 0.0, wait_before, "skipped")
@@ -88,9 +88,7 @@ def cancelled(
 ) -> None:
     """The attempt was cancelled (or abandoned): its breaker counts nothing; guards settle."""
     engine.release(actx.admission)
-    if actx.grant is not None:  # in flight: its place frees; never sent: the slot comes back
-        pace = engine.paces[actx.grant.deployment_id]
-        pace.ended(actx.grant) if actx.sent else pace.give_back(actx.grant)
+    engine.paces.finished(actx.grant, actx.sent)  # in flight: its place frees; unsent: its slot back
     if actx.guard_tokens:
         if actx.sent:  # in flight: the provider may bill it; the guard's policy decides
             actx.settle_guards(None, None, None, billable=True)
@@ -202,7 +200,7 @@ async def attempt(
     dispatcher = engine.dispatcher
     assert dispatcher is not None, "an engine needs a dispatcher before its first call"
     grant = None
-    if engine.pacing_on:  # some deployment is rate-limited: wait for a slot, pinned to it
+    if engine.paces.on:  # some deployment is rate-limited: wait for a slot, pinned to it
         exclude, grant = await admission.admit(engine, call, group, exclude, messages, kwargs)
     try:
         actx, timeout_s, bound, started_wall, wait_before = begin(engine, call, group, level, exclude, holder)
@@ -239,7 +237,7 @@ def attempt_sync(
         raise TypeError(f"blocking attempts need a SyncDispatcher (with send_sync), not {dispatcher!r}")
     exclude: frozenset[str] = frozenset()
     grant = None
-    if engine.pacing_on:  # some deployment is rate-limited: wait for a slot, pinned to it
+    if engine.paces.on:  # some deployment is rate-limited: wait for a slot, pinned to it
         exclude, grant = admission.admit_sync(engine, call, group, exclude, messages, kwargs)
     try:
         actx, timeout_s, bound, started_wall, wait_before = begin(engine, call, group, level, exclude)

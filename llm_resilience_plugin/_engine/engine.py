@@ -32,8 +32,8 @@ from llm_resilience_plugin._engine.dispatch import Dispatcher
 from llm_resilience_plugin._engine.hedging import HedgeState
 from llm_resilience_plugin._engine.holds import HoldQueue
 from llm_resilience_plugin._engine.learned import StreamTimings
-from llm_resilience_plugin._engine.pacing import Pace, SharedPace, configured_limits
-from llm_resilience_plugin._engine.retry import RetryAfterHeld, RetryBudget, SharedTokens
+from llm_resilience_plugin._engine.paces import PaceFor, Paces
+from llm_resilience_plugin._engine.retry import RetryBudget, SharedTokens
 from llm_resilience_plugin._engine.taxonomy import headers_of
 from llm_resilience_plugin.errors import ErrorClass, Failure
 from llm_resilience_plugin.events import (
@@ -54,7 +54,6 @@ _NO_ANSWER = frozenset({ErrorClass.TIMEOUT, ErrorClass.CONNECTION, ErrorClass.SE
 
 BackendFor = Callable[[DeploymentInfo, EffectivePolicy], BreakerBackend | None]
 BucketFor = Callable[[str, EffectivePolicy], SharedTokens | None]
-PaceFor = Callable[[DeploymentInfo], SharedPace | None]
 
 
 def _seconds(value: object) -> float | None:
@@ -200,29 +199,7 @@ class Engine:
             for g, p in self.policies.items()
             if p.hedge is not None and p.hedge.enabled
         }
-        pacing = self.policy.pacing
-        self.pacing_enabled = pacing.enabled
-        self.paces: dict[str, Pace] = {}
-        for info in self.deployments.values():
-            override = pacing.limits.get(info.id) or pacing.limits.get(info.model_group)
-            limits = configured_limits(info.params, override.model_dump() if override else None)
-            self.paces[info.id] = Pace(
-                info.id,
-                clock,
-                configured=limits,
-                learn=pacing.learn,
-                headroom=pacing.headroom,
-                shared=pace_for(info) if pace_for is not None and limits is not None else None,
-                fail_closed=pacing.on_shared_state_error == "fail_closed",
-            )
-        # True while any deployment is paced (a configured limit, a 429 seen, its slow start):
-        # otherwise no attempt asks for admission (the fast path).
-        self.pacing_on = pacing.enabled
-        if not pacing.enabled:
-            for p in self.paces.values():
-                p.end_slow_start()
-        self._ranks = {name: i for i, name in enumerate(self.policy.tiers)}
-        self._default_rank = self._ranks.get(self.policy.default_tier or "P1", len(self._ranks) // 2)
+        self.paces = Paces(self.policy, self.deployments.values(), clock, pace_for)
 
     # -- state the filter and the drivers read ---------------------------------------------------
 
@@ -265,29 +242,6 @@ class Engine:
         waits = [self.breakers[d].held_for(now) for d in self.admissible(call, group, now)]
         return min(waits) if waits else 0.0
 
-    def held_back(self, call: CallState, group: str) -> Failure | None:
-        """A skip instead of a request when every deployment of ``group`` this call may use holds
-        a ``Retry-After``: the provider asked not to be sent to before then, so the call waits out
-        the hold on this group (within ``max_wait_with_fallback`` and the deadline) or fails over,
-        and nothing is sent. None when some deployment is free (or nothing is admissible: the
-        breakers decide). Cheap while no hold is pending."""
-        hold = self.hold_until
-        if not hold:
-            return None
-        now = self.clock.wall()
-        if now >= hold:
-            return None
-        free_in = self.earliest_free(call, group)
-        if free_in <= 0:
-            return None
-        return Failure(
-            ErrorClass.RATE_LIMIT,
-            None,
-            f"every deployment of {group!r} holds a Retry-After ({free_in:.2f} s left): nothing sent",
-            free_in,
-            RetryAfterHeld(group, free_in),
-        )
-
     def hold_slot(self, call: CallState, group: str) -> float | None:
         """A place in the queue of the held deployment of ``group`` that frees first and has room
         (see _engine.holds): the seconds to wait; None when every queue is full; 0 if one is free."""
@@ -310,46 +264,6 @@ class Engine:
             if alone or most <= hold:
                 return hold
             return hold + self.rng.uniform(0.0, min(2 * hold, most - hold))
-
-    def rank_of(self, call: CallState) -> int:
-        """The call's priority tier as a queue rank (P0 first; no priority: the default tier)."""
-        name = call.report.priority
-        return self._ranks.get(name, self._default_rank) if name is not None else self._default_rank
-
-    def pace_answered(
-        self, dep: str, actx: AttemptContext, latency: float, response: Any, usage: Any
-    ) -> None:
-        """An answer from ``dep``: the deployment accepted the request (its first pace counts
-        these), and its rate-limit headers (when near the limit, or once paced) set the pace."""
-        pace = self.paces.get(dep)
-        if pace is None:
-            return
-        pace.answered_at(self.clock.monotonic() - latency)
-        grant = actx.grant
-        if grant is not None:
-            pace.ended(grant)
-        headers = None
-        if response is not None:
-            hidden = actx.hidden or hidden_params_of(response)
-            if hidden:
-                headers = hidden.get("additional_headers")
-        if grant is None and not headers:
-            return
-        used = None
-        if grant is not None and grant.tokens and usage:
-            used = float(usage.get("total_tokens") or 0) or None
-        if pace.wants_headers(headers) or grant is not None:
-            if pace.on_answer(headers, grant.tokens if grant is not None else 0.0, used):
-                self.pacing_on = True
-
-    def rate_limited_failover(self, to_group: str) -> None:
-        """Calls are about to fail over to ``to_group`` for a rate limit: its idle deployments
-        with no known limit ramp up (slow start) rather than take the whole surge at once."""
-        if not self.pacing_enabled:
-            return
-        for dep in self.group_deployments.get(to_group, ()):
-            self.paces[dep].restart_slow_start()
-        self.pacing_on = True
 
     def fallback_chain(self, group: str, error_class: ErrorClass | None) -> list[str]:
         """The fallback groups of ``group`` after a failure of ``error_class``."""
@@ -454,8 +368,9 @@ class Engine:
         self.budgets[group].on_success()
         if actx.picked is not None:
             self.hold_queue.answered(actx.picked, self.clock.wall())
-            if self.pacing_enabled:
-                self.pace_answered(actx.picked, actx, latency, response, usage)
+            if self.paces.enabled:
+                hidden = (actx.hidden or hidden_params_of(response)) if response is not None else None
+                self.paces.answered(actx.picked, actx.grant, self.clock.monotonic() - latency, hidden, usage)
         if not call.stream:
             self.timings[group].observe_answer(latency)
         hedge = self.hedges.get(group) if self.hedges else None
@@ -506,7 +421,7 @@ class Engine:
         adm = actx.admission
         counts = self.counts_against(failure)
         pol = self.policies[group]
-        paced = self.pacing_enabled and failure.error_class is ErrorClass.RATE_LIMIT
+        paced = self.paces.enabled and failure.error_class is ErrorClass.RATE_LIMIT
         if adm is not None:
             b = self.breakers[adm.deployment_id]
             if failure.error_class is ErrorClass.RATE_LIMIT:
@@ -516,16 +431,13 @@ class Engine:
             else:
                 b.release(adm)
             if paced and failure.status is not None:  # the provider's 429: the pace takes it
-                pace = self.paces[adm.deployment_id]
-                pace.on_rate_limited(failure.retry_after, headers_of(failure.exception), latency, actx.grant)
-                self.pacing_on = True
+                headers = headers_of(failure.exception)
+                self.paces.rate_limited(adm.deployment_id, failure.retry_after, headers, latency, actx.grant)
             elif failure.retry_after:
                 b.hold(failure.retry_after)
                 self.hold_queue.held(adm.deployment_id, self.clock.wall(), failure.retry_after, call.call_id)
                 self.hold_until = max(self.hold_until, self.clock.wall() + failure.retry_after)
-        if actx.grant is not None:  # sent: its in-flight place frees; not sent: the slot goes back
-            pace_of = self.paces[actx.grant.deployment_id]
-            pace_of.ended(actx.grant) if actx.sent else pace_of.give_back(actx.grant)
+        self.paces.finished(actx.grant, actx.sent)
         if counts and not paced:  # paced 429s are bounded by the pace, not the retry budget
             self.budgets[group].on_failure()
         if dep is not None:
