@@ -366,10 +366,10 @@ class Engine:
         if actx.admission is not None:
             self.breakers[actx.admission.deployment_id].record_success(actx.admission)
         self.budgets[group].on_success()
+        hidden = (actx.hidden or hidden_params_of(response)) if response is not None else None
         if actx.picked is not None:
             self.hold_queue.answered(actx.picked, self.clock.wall())
             if self.paces.enabled:
-                hidden = (actx.hidden or hidden_params_of(response)) if response is not None else None
                 self.paces.answered(actx.picked, actx.grant, self.clock.monotonic() - latency, hidden, usage)
         if not call.stream:
             self.timings[group].observe_answer(latency)
@@ -381,7 +381,7 @@ class Engine:
         if response is not None:
             model = getattr(response, "model", None)
             served_model = served_model or (str(model) if model else None)
-            reported = (actx.hidden or hidden_params_of(response) or {}).get("response_cost")
+            reported = (hidden or {}).get("response_cost")
             if cost is None and isinstance(reported, int | float) and not isinstance(reported, bool):
                 cost = float(reported)
         self.record(
@@ -444,7 +444,12 @@ class Engine:
             call.mark_failed(dep)
             # A long silence then an error is a silent deployment whatever the class says (a
             # connection held 15 s then dropped): never wait on it twice in one call.
-            silent = actx.timeout_s > 0 and latency > actx.timeout_s / 2
+            # (A 429 is an answer, however slowly it came: the pace handles it.)
+            silent = (
+                actx.timeout_s > 0
+                and latency > actx.timeout_s / 2
+                and failure.error_class is not ErrorClass.RATE_LIMIT
+            )
             if self.avoid_failed and (silent or not pol.classes[failure.error_class].same_deployment):
                 call.avoid(dep)
         sent = actx.sent or (dep is not None and failure.error_class is not ErrorClass.CIRCUIT_OPEN)

@@ -86,6 +86,17 @@ class HeaderLimit:
 
 
 _PREFIXES = ("", "llm_provider-")
+# The keys whose presence says an answer states a limit (checked before any parsing).
+RATE_LIMIT_KEYS = tuple(
+    prefix + name
+    for prefix in _PREFIXES
+    for name in (
+        "x-ratelimit-remaining-requests",
+        "x-ratelimit-remaining-tokens",
+        "anthropic-ratelimit-requests-remaining",
+        "anthropic-ratelimit-tokens-remaining",
+    )
+)
 
 
 def _get(headers: Mapping[str, Any], name: str) -> Any:

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from llm_resilience_plugin._engine.clock import Clock
-from llm_resilience_plugin._engine.limits import Limits, header_limits
+from llm_resilience_plugin._engine.limits import RATE_LIMIT_KEYS, Limits, header_limits
 
 if TYPE_CHECKING:
     from llm_resilience_plugin._engine.pacing import Grant
@@ -82,8 +82,8 @@ class PaceLearning:
     def wants_headers(self, headers: Mapping[str, Any] | None) -> bool:
         """Are an answer's rate-limit headers worth adopting: this deployment is paced already,
         or they say less than a tenth of its limit is left (pace before the first 429)?"""
-        if not headers or not self.learn:
-            return False
+        if not headers or not self.learn or not any(k in headers for k in RATE_LIMIT_KEYS):
+            return False  # most answers: no limit stated at all
         if self.limited:
             return True
         req, tok = header_limits(headers)

@@ -73,12 +73,12 @@ class Paces(dict[str, Pace]):
         if grant is not None:
             pace.ended(grant)
         headers = hidden.get("additional_headers") if hidden else None
-        if grant is None and not headers:
-            return
+        if grant is None and not pace.wants_headers(headers):
+            return  # the healthy path: nothing paced, no limit stated
         used = None
         if grant is not None and grant.tokens and usage:
             used = float(usage.get("total_tokens") or 0) or None
-        if (pace.wants_headers(headers) or grant is not None) and pace.on_answer(
+        if pace.on_answer(
             headers, grant.tokens if grant is not None else 0.0, used, grant.serial if grant else pace.granted
         ):
             self.on = True

@@ -312,7 +312,7 @@ class PacingPolicy(Model):
 
 
 class ResiliencePolicy(Model):
-    """The whole policy. Defaults are explained in README ("Policy defaults")."""
+    """The whole policy. Each default and why: the manual's "Policy and error classes" page."""
 
     deadline: float = Field(default=60.0, gt=0, le=3600, description="Total seconds per call.")
     attempt_timeout: float = Field(default=30.0, gt=0, le=3600, description="Seconds per attempt.")
