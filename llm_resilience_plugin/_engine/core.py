@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
 import tenacity
@@ -44,6 +44,7 @@ OPTION_KEYS = frozenset(
         "recovered_by_caller",
         "avoid_deployments",
         "deadline_cap",
+        "kwargs_by_group",
     }
 )
 
@@ -78,6 +79,8 @@ class CallOptions:
     recovered_by_caller: bool = False  # the caller recovers a stream broken after content itself
     avoid: frozenset[str] = frozenset()  # deployment ids this call never sends to
     deadline_cap: float | None = None  # seconds an enclosing run has left: the call never outlives it
+    # per model group, request kwargs that replace the call's own when that group is tried
+    kwargs_by_group: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 NO_OPTIONS = CallOptions()
@@ -188,6 +191,27 @@ def validate_request(messages: Any, kwargs: Mapping[str, Any]) -> None:
             )
 
 
+# What a per-group override may not change: the call itself, not how it is asked.
+_NOT_PER_GROUP = frozenset({"model", "messages", "input", "prompt", "stream", *OPTION_KEYS})
+
+
+def _kwargs_by_group(value: Any) -> Mapping[str, Mapping[str, Any]]:
+    """``kwargs_by_group`` checked: group name -> request kwargs for that group."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping) or not all(
+        isinstance(g, str) and isinstance(kw, Mapping) for g, kw in value.items()
+    ):
+        raise ConfigError("kwargs_by_group", "must map model group names to mappings of request kwargs")
+    for group, kw in value.items():
+        fixed = _NOT_PER_GROUP.intersection(kw)
+        if fixed:
+            raise ConfigError(
+                f"kwargs_by_group.{group}", f"cannot override {', '.join(sorted(fixed))} per group"
+            )
+    return {g: dict(kw) for g, kw in value.items()}
+
+
 def split_options(kwargs: Mapping[str, Any]) -> tuple[CallOptions, dict[str, Any]]:
     """Validate the plugin's per-call options and take them out of LiteLLM's kwargs."""
     clean = {k: v for k, v in kwargs.items() if k not in OPTION_KEYS}
@@ -219,6 +243,7 @@ def split_options(kwargs: Mapping[str, Any]) -> tuple[CallOptions, dict[str, Any
     if not isinstance(avoid, list | tuple | set | frozenset) or not all(isinstance(d, str) for d in avoid):
         raise ConfigError("avoid_deployments", "must be a collection of deployment ids (strings)")
     opts = CallOptions(
+        kwargs_by_group=_kwargs_by_group(kwargs.get("kwargs_by_group")),
         key=key,
         idempotent=bool(kwargs.get("idempotent", True)),
         attempt_timeout=attempt_timeout,

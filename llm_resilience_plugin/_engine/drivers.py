@@ -74,6 +74,12 @@ _TOKEN_LIMITED = frozenset({"completion", "text_completion"})
 _AGAIN: Any = object()
 
 
+def _for_group(call: CallState, group: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The call's kwargs as sent to ``group``: its ``kwargs_by_group`` entry over them."""
+    over = call.opts.kwargs_by_group.get(group)
+    return {**kwargs, **over} if over else kwargs
+
+
 def _after_exhausted(
     engine: Engine, call: CallState, walk: _Walk, failure: Failure, base_kwargs: dict[str, Any]
 ) -> Any:
@@ -123,6 +129,9 @@ def _after_exhausted(
         walk.kwargs = _degrade_for_level(
             engine, call, degradation.levels.get(walk.level), base_kwargs, walk.level
         )
+    else:
+        walk.kwargs = base_kwargs
+    walk.kwargs = _for_group(call, nxt, walk.kwargs)
     return _AGAIN
 
 
@@ -132,7 +141,7 @@ async def walk_routes(
     """The whole call: the requested group, then its fallback chain, until one answers."""
     # The walk's state is made when a group first gives up (most calls answer in the first).
     walk: _Walk | None = None
-    group, level, msgs, kw = requested, 0, messages, kwargs
+    group, level, msgs, kw = requested, 0, messages, _for_group(call, requested, kwargs)
     while True:
         if walk is not None:
             group, level, msgs, kw = walk.group, walk.level, walk.messages, walk.kwargs
@@ -158,7 +167,7 @@ async def walk_routes(
             else:
                 finish(engine, call, result, None, group=group, level=level)
                 return result
-        walk = walk or _Walk(requested, messages, kwargs)
+        walk = walk or _Walk(requested, messages, _for_group(call, requested, kwargs))
         step = _after_exhausted(engine, call, walk, failure, kwargs)
         if step is not _AGAIN:
             return step
@@ -174,7 +183,7 @@ def walk_routes_sync(
 ) -> Any:
     """The blocking twin of :func:`walk_routes` on the caller's thread (no hedging): for
     dispatchers whose attempts must run where the caller runs (LangChain sync runnables)."""
-    walk = _Walk(requested, messages, kwargs)
+    walk = _Walk(requested, messages, _for_group(call, requested, kwargs))
     while True:
         group, level = walk.group, walk.level
         failure = _passed_over(engine, call, group)

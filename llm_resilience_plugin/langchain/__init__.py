@@ -14,12 +14,14 @@ from llm_resilience_plugin.langchain._bridge import EVENT_PREFIX
 from llm_resilience_plugin.langchain._callbacks import CostGuardCallbackHandler, StructuredLogCallbackHandler
 from llm_resilience_plugin.langchain._chat_model import ResilientChatModel
 from llm_resilience_plugin.langchain._embeddings import ResilientEmbeddings
-from llm_resilience_plugin.langchain._runnable import ResilientRunnable, resilient
+from llm_resilience_plugin.langchain._resilient import ResilientChatRunnable, resilient
+from llm_resilience_plugin.langchain._runnable import ResilientRunnable
 
 __all__ = [
     "EVENT_PREFIX",
     "CostGuardCallbackHandler",
     "ResilientChatModel",
+    "ResilientChatRunnable",
     "ResilientEmbeddings",
     "ResilientRunnable",
     "StructuredLogCallbackHandler",

@@ -28,6 +28,7 @@ from pydantic import AliasChoices, BaseModel, Field, PrivateAttr, SecretStr, fie
 
 from llm_resilience_plugin.errors import ConfigError, UnknownModelGroupError
 from llm_resilience_plugin.langchain._bridge import AnyRunManager, EventSink, bridge_router, find_run_manager
+from llm_resilience_plugin.langchain._capabilities import GroupCapabilities, GroupMap
 from llm_resilience_plugin.langchain._construction import (
     RouterLease,
     build_router_spec,
@@ -35,7 +36,7 @@ from llm_resilience_plugin.langchain._construction import (
     lease_router,
     masked,
 )
-from llm_resilience_plugin.langchain._convert import json_safe, to_openai_messages
+from llm_resilience_plugin.langchain._convert import json_safe
 from llm_resilience_plugin.langchain._lifecycle import ClosesRouter
 from llm_resilience_plugin.langchain._recovery import AnsweredAgain, handed_over, new_run
 from llm_resilience_plugin.langchain._requests import ChatRequest, cache_key, chat_request, run_config
@@ -52,7 +53,7 @@ CONFIG_ENV = "LLM_RESILIENCE_CONFIG"
 API_KEY_ENV = "LLM_RESILIENCE_API_KEY"
 
 
-class ResilientChatModel(ClosesRouter, BaseChatModel):
+class ResilientChatModel(ClosesRouter, GroupCapabilities, BaseChatModel):
     """A LangChain chat model over one model group of a :class:`ResilientRouter`.
 
     Build it from an existing router, a LiteLLM config (YAML path or parsed mapping, with an
@@ -191,6 +192,8 @@ class ResilientChatModel(ClosesRouter, BaseChatModel):
             raise UnknownModelGroupError(self.model, groups)
         if self._spec is not None:  # held from construction: configured copies share the router
             self._hold_router()
+        if self.profile is None:  # LangChain's profile: the smallest across the group's routes
+            self.profile = self._capability_map().profile()
 
     @classmethod
     def from_config(
@@ -304,17 +307,11 @@ class ResilientChatModel(ClosesRouter, BaseChatModel):
             params["ls_stop"] = list(ls_stop)
         return params
 
-    def get_num_tokens_from_messages(
-        self, messages: list[BaseMessage], tools: Sequence[ToolLike] | None = None
-    ) -> int:
-        """Prompt tokens by LiteLLM's counter for the group's first deployment model (offline for
-        OpenAI, Anthropic and DeepSeek models; others fall back to LiteLLM's default encoding)."""
-        import litellm
-
-        infos = self.get_router().deployments(self.model)
-        model = infos[0].model if infos else self.model
-        oai_tools: Any = [convert_to_openai_tool(t) for t in tools] if tools else None
-        return int(litellm.token_counter(model=model, messages=to_openai_messages(messages), tools=oai_tools))
+    def _capability_map(self) -> GroupMap:
+        """The deployments of the group and of every group its calls may fall back to."""
+        if self.router is not None:
+            return GroupMap.of(self.router.spec, self.model, self.router.deployments(self.model))
+        return GroupMap.of(self._spec, self.model)
 
     # -- tools and structured output -------------------------------------------------------------
 
@@ -348,11 +345,15 @@ class ResilientChatModel(ClosesRouter, BaseChatModel):
         ``function_calling`` (a forced tool call) or ``json_mode`` (``json_object``).
 
         Pydantic classes parse to instances; TypedDicts and JSON schemas parse to dicts.
-        ``include_raw=True`` returns ``{"raw", "parsed", "parsing_error"}``.
+        ``include_raw=True`` returns ``{"raw", "parsed", "parsing_error"}``. A Pydantic class is
+        asked strictly per fallback group where supported (``GroupCapabilities``).
         """
         if kwargs:
             raise ValueError(f"Received unsupported arguments {kwargs}")
-        return structured_output(self, schema, method=method, include_raw=include_raw, strict=strict)
+        routes = self._capability_map().strict_routes
+        return structured_output(
+            self, schema, method=method, include_raw=include_raw, strict=strict, strict_routes=routes
+        )
 
     # -- the run's config (for a deadline carried in `configurable` / metadata) -----------------
 

@@ -89,8 +89,7 @@ def usage_metadata_from(usage: Any) -> UsageMetadata | None:
     cache_creation = _int(_get(usage, "cache_creation_input_tokens"))
     if cache_creation:
         in_details["cache_creation"] = cache_creation
-    if in_details:
-        meta["input_token_details"] = in_details
+    meta["input_token_details"] = in_details  # empty when none are reported, as ChatOpenAI gives it
     cdet = _get(usage, "completion_tokens_details")
     out_details = OutputTokenDetails()
     reasoning = _int(_get(cdet, "reasoning_tokens"))
@@ -99,8 +98,7 @@ def usage_metadata_from(usage: Any) -> UsageMetadata | None:
     audio_out = _int(_get(cdet, "audio_tokens"))
     if audio_out:
         out_details["audio"] = audio_out
-    if out_details:
-        meta["output_token_details"] = out_details
+    meta["output_token_details"] = out_details
     return meta
 
 
@@ -183,9 +181,15 @@ def generations_from_response(
     usage = usage_metadata_from(_get(resp, "usage"))
     gens: list[ChatGeneration] = []
     choices = _get(resp, "choices") or []
+    # The provider's response id and fingerprint, as ChatOpenAI reports them.
+    provider_md = {k: v for k in ("id", "system_fingerprint") if isinstance(v := _get(resp, k), str) and v}
     for i, choice in enumerate(choices):
         finish = _get(choice, "finish_reason")
-        meta = {**response_metadata, "finish_reason": finish}
+        raw_logprobs = _get(choice, "logprobs")
+        logprobs = _json_safe(
+            raw_logprobs.model_dump() if hasattr(raw_logprobs, "model_dump") else raw_logprobs
+        )
+        meta = {**response_metadata, **provider_md, "finish_reason": finish, "logprobs": logprobs}
         if i > 0:  # usage and cost describe the whole response: report them on one message
             meta.pop("response_cost", None)
         msg = ai_message_from_choice(
@@ -195,11 +199,8 @@ def generations_from_response(
             message_id=_get(resp, "id") if len(choices) == 1 else None,
         )
         gen_info: dict[str, Any] = {"finish_reason": finish}
-        logprobs = _get(choice, "logprobs")
         if logprobs is not None:
-            gen_info["logprobs"] = _json_safe(
-                logprobs.model_dump() if hasattr(logprobs, "model_dump") else logprobs
-            )
+            gen_info["logprobs"] = logprobs
         gens.append(ChatGeneration(message=msg, generation_info=gen_info))
     return gens, usage
 

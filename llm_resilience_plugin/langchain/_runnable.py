@@ -117,6 +117,7 @@ class _Run:
     config: RunnableConfig
     kwargs: dict[str, Any]
     sink: EventSink
+    target: Runnable[Any, Any]  # the wrapped Runnable (a bound copy of a chat model, say)
 
     def args(self) -> tuple[Any, RunnableConfig]:
         """One attempt's positional arguments: its own copy of the input, and the config."""
@@ -225,8 +226,8 @@ class _RunnableDispatcher:
             with run.sink.scope():
                 async with asyncio.timeout(min(timeout_s, bound)):
                     if not attempt.call.stream:
-                        return await self.owner.bound.ainvoke(*run.args(), **run.kwargs)
-                    it = aiter(self.owner.bound.astream(*run.args(), **run.kwargs))
+                        return await run.target.ainvoke(*run.args(), **run.kwargs)
+                    it = aiter(run.target.astream(*run.args(), **run.kwargs))
                     return _Open.of(await anext(it, _END), it)
         except Exception:
             await _aclose(it)
@@ -245,10 +246,8 @@ class _RunnableDispatcher:
         try:
             with run.sink.scope():
                 if not attempt.call.stream:
-                    return owner.run_sync_attempt(
-                        lambda: owner.bound.invoke(*run.args(), **run.kwargs), limit
-                    )
-                it = iter(owner.bound.stream(*run.args(), **run.kwargs))
+                    return owner.run_sync_attempt(lambda: run.target.invoke(*run.args(), **run.kwargs), limit)
+                it = iter(run.target.stream(*run.args(), **run.kwargs))
                 return _Open.of(owner.run_sync_attempt(functools.partial(next, it, _END), limit), it)
         except Exception:
             _close(it)
@@ -433,7 +432,7 @@ class ResilientRunnable(Runnable[Input, Output]):
             listener=sink.on_event,
             before_retry=sink.before_retry_async,
             opts=self._options,
-            context=_Run(input, config, kwargs, sink),
+            context=_Run(input, config, kwargs, sink, self.bound),
         )
 
     def run_sync_attempt(self, fn: Callable[[], Any], timeout: float) -> Any:
@@ -599,63 +598,4 @@ class ResilientRunnable(Runnable[Input, Output]):
             yield chunk
 
 
-def resilient(
-    runnable: Runnable[Input, Output] | Callable[..., Any],
-    *,
-    policy: ResiliencePolicy | Mapping[str, Any] | None = None,
-    retry_on: RetryOn | None = None,
-    max_retries: int | None = None,
-    deadline: float | None = None,
-    attempt_timeout: float | None = None,
-    first_chunk_timeout: float | None = None,
-    name: str | None = None,
-    clock: Clock | None = None,
-    seed: int | None = None,
-    listener: Listener | None = None,
-    emit_events: bool = True,
-    enforce_sync_timeout: bool = False,
-) -> ResilientRunnable[Input, Output]:
-    """Wrap ``runnable`` (or a function, made a ``RunnableLambda``) with the router's resilience.
-
-    Args:
-        policy: a :class:`ResiliencePolicy` (or mapping): ``deadline``, ``attempt_timeout``,
-            ``backoff``, ``breaker``, ``retry_budget`` and the per-class actions and retry
-            counts; ``groups.<name>`` overrides apply to a step called ``name``.
-        retry_on: exception classes (or a predicate) retried in addition to the taxonomy's
-            retryable classes; other ``unknown`` exceptions are never retried.
-        max_retries: retries per error class (overrides the policy's counts; default for
-            ``retry_on`` matches: 2).
-        deadline: total seconds per call, every attempt and sleep included.
-        attempt_timeout / first_chunk_timeout: seconds per attempt / to a stream's first chunk.
-            Enforced on the async paths; sync attempts (and a sync stream's wait for each chunk)
-            run inline and cannot be interrupted unless ``enforce_sync_timeout=True`` (each then
-            runs on a helper thread, abandoned when it overruns).
-        name: the step's name: breaker id, run name ``Resilient[<name>]``, event model_group.
-        clock / seed: for tests (``FakeClock`` makes backoff sleeps instant).
-        listener: receives every event (also via :meth:`ResilientRunnable.subscribe`).
-        emit_events: dispatch ``llm_resilience.*`` custom events to LangChain callbacks.
-    """
-    if not isinstance(runnable, Runnable):
-        if not callable(runnable):
-            raise TypeError("resilient() wraps a Runnable or a callable")
-        from langchain_core.runnables import RunnableLambda
-
-        runnable = cast(Runnable[Input, Output], RunnableLambda(runnable))
-    return ResilientRunnable(
-        runnable,
-        policy=policy,
-        retry_on=retry_on,
-        max_retries=max_retries,
-        deadline=deadline,
-        attempt_timeout=attempt_timeout,
-        first_chunk_timeout=first_chunk_timeout,
-        name=name,
-        clock=clock,
-        seed=seed,
-        listener=listener,
-        emit_events=emit_events,
-        enforce_sync_timeout=enforce_sync_timeout,
-    )
-
-
-__all__ = ["ResilientRunnable", "resilient"]
+__all__ = ["ResilientRunnable"]

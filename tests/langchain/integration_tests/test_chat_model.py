@@ -341,9 +341,9 @@ def test_sync_invoke_fires_on_retry_and_custom_events_on_the_llm_run(
     # documented: sync callbacks never run on the router's private loop thread (shared by all
     # sync calls); on_retry runs on a worker thread while the retry waits
     assert all(t != "llm-resilience-sync" for _, _, t in rec.retries)
-    assert rec.names() == [
-        "llm_resilience.attempt", "llm_resilience.retry", "llm_resilience.attempt",
-        "llm_resilience.retry", "llm_resilience.attempt",
+    assert rec.names() == [  # after the 429 each attempt first waits its turn at the deployment
+        "llm_resilience.attempt", "llm_resilience.retry", "llm_resilience.paced", "llm_resilience.attempt",
+        "llm_resilience.retry", "llm_resilience.paced", "llm_resilience.attempt",
     ]  # fmt: skip
     assert all(r == run_id for _, _, r in rec.custom)
     first = rec.custom[0][1]
@@ -361,7 +361,9 @@ async def test_ainvoke_fires_on_retry_and_events_for_sync_and_async_handlers(
     assert msg.content
     (run_id,) = rec.llm_runs
     assert [r for _, r, _ in rec.retries] == [run_id] and arec.retries == [run_id]
-    assert rec.names() == ["llm_resilience.attempt", "llm_resilience.retry", "llm_resilience.attempt"]
+    assert rec.names() == [
+        "llm_resilience.attempt", "llm_resilience.retry", "llm_resilience.paced", "llm_resilience.attempt",
+    ]  # fmt: skip
     assert [n for n, _ in arec.custom] == rec.names()
 
 
@@ -394,8 +396,8 @@ async def test_astream_events_show_resilience_events_on_the_model_run(
     model_run = next(e["run_id"] for e in events if e["event"] == "on_chat_model_start")
     custom = [e for e in events if e["event"] == "on_custom_event"]
     assert [e["name"] for e in custom] == [
-        "llm_resilience.attempt", "llm_resilience.retry", "llm_resilience.attempt",
-        "llm_resilience.retry", "llm_resilience.attempt",
+        "llm_resilience.attempt", "llm_resilience.retry", "llm_resilience.paced", "llm_resilience.attempt",
+        "llm_resilience.retry", "llm_resilience.paced", "llm_resilience.attempt",
     ]  # fmt: skip
     assert all(e["run_id"] == model_run for e in custom)
     end = next(e for e in events if e["event"] == "on_chat_model_end")

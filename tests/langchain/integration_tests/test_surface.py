@@ -294,7 +294,8 @@ def test_sync_stream_events_arrive_in_order_on_the_calling_thread(
     chunks = list(llm.stream("hi", config={"callbacks": [Rec()]}))
     assert "".join(str(c.content) for c in chunks).startswith("Hello from p1")
     assert [n for n, _ in seen] == [
-        "llm_resilience.attempt", "llm_resilience.retry", "on_retry", "llm_resilience.attempt",
+        "llm_resilience.attempt", "llm_resilience.retry", "on_retry", "llm_resilience.paced",
+        "llm_resilience.attempt",
     ]  # fmt: skip
     assert all(t != LOOP_THREAD for _, t in seen)
     assert seen[-1][1] == threading.current_thread().name
