@@ -15,6 +15,7 @@ from llm_resilience_plugin._engine.breakers import DeploymentBreaker
 from llm_resilience_plugin.policy import BreakerPolicy
 from llm_resilience_plugin.shared_state import RedisSharedState
 from tests.redis.redis_server import RedisServer, redis_server_fixture  # noqa: F401
+from tests.redis.test_gate import wait_for
 from tests.unit.test_breakers import Now
 
 
@@ -75,17 +76,18 @@ def test_a_probe_interval_caps_the_shared_window(pair):
     assert windows(one, now, 4) == pytest.approx([2, 3, 3, 3], abs=0.26)
 
 
-def test_429s_count_in_a_row_across_the_fleet(pair):
+def test_a_process_that_meets_nothing_but_429s_opens_the_breaker_for_the_fleet(pair):
     a, b, now = pair
-    pol = BreakerPolicy(fail_max=3, rate_limit_fail_max=4)
+    pol = BreakerPolicy(fail_max=3, rate_limit_fail_max=4, rate_limit_open_after=0)
     one, other = breaker(a, pol, now), breaker(b, pol, now)
-    for br in (one, other, one):  # three 429s from two processes: rate limited, not down
-        br.record_rate_limited(br.admit())  # type: ignore[arg-type]
+    for _ in range(3):  # three 429s: rate limited, not down
+        other.record_rate_limited(other.admit())  # type: ignore[arg-type]
     assert one.state == "closed"
     other.record_success(other.admit())  # type: ignore[arg-type]  # an answer ends the streak
-    for br in (one, other, one):
-        br.record_rate_limited(br.admit())  # type: ignore[arg-type]
+    for _ in range(3):
+        other.record_rate_limited(other.admit())  # type: ignore[arg-type]
     assert one.state == "closed" and other.state == "closed"
-    other.record_rate_limited(other.admit())  # type: ignore[arg-type]  # the fourth in a row, fleet-wide
+    other.record_rate_limited(other.admit())  # type: ignore[arg-type]  # four in a row, nothing else
     assert other.state == "open"
+    assert wait_for(lambda: one.state == "open")  # the fleet's breaker: open for the other process too
     assert other.retry_at() == pytest.approx(now.t + 2, abs=0.01)
