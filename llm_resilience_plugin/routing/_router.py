@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 import litellm
 
+from llm_resilience_plugin import _litellm
 from llm_resilience_plugin._engine.breakers import DeploymentBreaker
 from llm_resilience_plugin._engine.clock import Clock
 from llm_resilience_plugin._engine.core import BeforeRetry
@@ -53,6 +54,9 @@ from llm_resilience_plugin.routing._dispatch import RouterDispatcher
 from llm_resilience_plugin.routing._operations import EndpointsMixin
 from llm_resilience_plugin.routing._shared import SharedWiring
 from llm_resilience_plugin.routing._streams import ResilientStream, StaticStream, SyncResilientStream
+
+# LiteLLM's internals, found once (an ImportError naming the supported range below its floor).
+_litellm.internals()
 
 
 def _deployment_info(d: Mapping[str, Any]) -> DeploymentInfo:
@@ -235,7 +239,7 @@ class ResilientRouter(EndpointsMixin):
             default_fallbacks=None,
             retry_after=0,
         )
-        deployments = {info.id: info for info in map(_deployment_info, self._router.registry().all())}
+        deployments = {info.id: info for info in map(_deployment_info, _litellm.deployments_of(self._router))}
         # Shared state on Redis (docs/scaling-out.md): breakers and retry budgets fleet-wide.
         wiring = SharedWiring.for_router(spec, deployments, shared_state)
         self.shared_state: Any = wiring.shared
