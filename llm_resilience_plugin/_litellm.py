@@ -180,6 +180,14 @@ def _direct_pieces(router_cls: Any) -> tuple[Any, str]:
     )
 
 
+def _prefill_from_model_info(model: str, provider: str | None = None) -> bool:
+    """``supports_assistant_prefill`` from LiteLLM's public ``get_model_info``."""
+    import litellm
+
+    info = litellm.get_model_info(model, custom_llm_provider=provider)
+    return bool(info.get("supports_assistant_prefill"))
+
+
 def _capability(name: str, ok: bool, missing: str, purpose: str, instead: str) -> Capability:
     return Capability(name, ok, purpose, instead, "" if ok else missing)
 
@@ -233,12 +241,12 @@ def internals() -> Internals:
     if prefill is None:
         try:
             from litellm.utils import supports_assistant_prefill as prefill
-        except ImportError:
-            prefill = None
+        except ImportError:  # older LiteLLM: its public model-info lookup says the same
+            prefill = _prefill_from_model_info if callable(getattr(litellm, "get_model_info", None)) else None
     caps["prefill_lookup"] = _capability(
         "prefill_lookup",
         callable(prefill),
-        "litellm.utils.supports_assistant_prefill",
+        "litellm.utils.supports_assistant_prefill and litellm.get_model_info",
         "LiteLLM's model map says which models continue an assistant message",
         "only model_info.supports_assistant_prefill says so (unset: not supported)",
     )
