@@ -232,9 +232,9 @@ def internals() -> Internals:
         AsyncStream = ServerSentEvent = None  # type: ignore[assignment,misc]
     caps["sse_skipping"] = _capability(
         "sse_skipping",
-        ServerSentEvent is not None,
-        "openai._streaming.ServerSentEvent",
-        "a malformed, text-free stream event skipped instead of breaking the stream",
+        ServerSentEvent is not None and direct is not None,
+        "direct_dispatch and openai._streaming.ServerSentEvent",
+        "a malformed, text-free stream event of a direct attempt skipped instead of breaking the stream",
         "a malformed stream event breaks the stream, which is recovered like any other break",
     )
     prefill: Any = getattr(litellm, "supports_assistant_prefill", None)
