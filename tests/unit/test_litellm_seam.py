@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import warnings
 from pathlib import Path
 
 import pytest
@@ -154,3 +155,30 @@ def test_a_litellm_outside_the_range_is_an_import_error_naming_it() -> None:
             _litellm.check_supported(outside)
     for inside in ("1.105.0", "1.108.14", "1.110.2", "1.199.0rc1"):
         _litellm.check_supported(inside)
+
+
+def test_a_missing_capability_warns_once_naming_the_version_and_the_capability(caplog) -> None:
+    found = _litellm.Internals(
+        version="1.105.7",
+        capabilities={
+            "direct_dispatch": _litellm.Capability(
+                "direct_dispatch", False, "faster", "every attempt goes through the Router", "no RustCore"
+            )
+        },
+    )
+    with pytest.warns(
+        RuntimeWarning, match=r"litellm 1\.105\.7: direct_dispatch is not available \(no RustCore\)"
+    ):
+        found.warn_missing("direct_dispatch")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        found.warn_missing("direct_dispatch")  # once per process
+    assert [r.message for r in caplog.records if "direct_dispatch" in r.message][:1]
+
+
+def test_deployments_come_from_the_public_model_list_without_a_registry() -> None:
+    class OldRouter:  # a LiteLLM Router before registry(): only its public model_list
+        model_list = [{"model_name": "g", "litellm_params": {"model": "openai/x"}, "model_info": {"id": "a"}}]
+
+    assert _litellm.deployments_of(OldRouter()) == OldRouter.model_list
+    assert _litellm.shaping_of(OldRouter()) is None  # no direct dispatch, not an AttributeError
