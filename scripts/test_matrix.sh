@@ -34,6 +34,10 @@ leg() {  # leg NAME PACKAGE==VERSION: a venv with that one package in front of .
     local site
     site=$("$dir/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
     echo "import site; site.addsitedir('$base')" > "$site/zz_base.pth"
+    # the CLI tests run the console script: this leg's, on this leg's LiteLLM
+    printf '#!/bin/sh\nexec "%s" -c "import sys; from llm_resilience_plugin.cli import main; sys.exit(main())" "$@"\n' \
+      "$PWD/$dir/bin/python" > "$dir/bin/llm-resilience"
+    chmod +x "$dir/bin/llm-resilience"
   fi
   echo "== $name: $req"
   # shellcheck disable=SC2086
