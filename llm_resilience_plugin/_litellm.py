@@ -23,14 +23,18 @@ from llm_resilience_plugin import _env  # noqa: F401  (must run before litellm i
 
 # The LiteLLM versions the plugin supports (pyproject.toml says the same; 1.82.7 and 1.82.8 were
 # compromised releases, kept out by the floor).
-FLOOR = (1, 105, 0)
+FLOOR = (1, 109, 3)
 CEILING = (2, 0, 0)
-SUPPORTED = ">=1.105,<2"
+SUPPORTED = ">=1.109.3,<2"
 # Direct dispatch reproduces the Router's attempt with LiteLLM's own internal functions; it is on
 # only for the minor releases whose equivalence suite passed (tests/integration/test_direct_*.py).
 DIRECT_VERIFIED = ((1, 110),)
 
 logger = logging.getLogger("llm_resilience")
+
+
+class CapabilityWarning(RuntimeWarning):
+    """A LiteLLM internal the plugin would use is missing; that part goes through the public API."""
 
 
 def _parse(text: str) -> tuple[int, ...]:
@@ -103,7 +107,7 @@ class Internals:
             f"litellm {self.version}: {cap.name} is not available ({cap.missing}); {cap.instead}. "
             "Every resilience guarantee holds."
         )
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
+        warnings.warn(message, CapabilityWarning, stacklevel=3)
         logger.warning(message)
 
 
@@ -436,6 +440,7 @@ def supports_assistant_prefill(model: str, provider: str | None) -> bool:
 __all__ = [
     "SUPPORTED",
     "Capability",
+    "CapabilityWarning",
     "Internals",
     "capabilities",
     "check_supported",

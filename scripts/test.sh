@@ -10,7 +10,7 @@ export NO_PROXY="127.0.0.1,localhost${NO_PROXY:+,$NO_PROXY}"
 .venv/bin/lint-imports --no-cache
 # The documentation site must build with no warning (broken links, API docs that no longer resolve).
 NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir "$(mktemp -d)"
-# Opt-in: LITELLM_MATRIX="1.105.7 1.108.14" also runs the unit and integration suites against
+# Opt-in: LITELLM_MATRIX="1.109.3 1.110.0" also runs the unit and integration suites against
 # those LiteLLM releases (scripts/test_matrix.sh; ~6-10 min a release on 2 cores).
 if [ -n "${LITELLM_MATRIX:-}" ]; then
   .venv/bin/pytest -q -p no:cacheprovider "$@"

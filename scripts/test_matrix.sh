@@ -13,8 +13,8 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export NO_PROXY="127.0.0.1,localhost${NO_PROXY:+,$NO_PROXY}"
 
-FLOOR=1.105.7
-MIDDLE=1.108.14
+FLOOR=1.109.3
+MIDDLE=1.110.0
 if [ "$#" -gt 0 ]; then
   versions=("$@")
 else

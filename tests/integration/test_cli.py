@@ -63,7 +63,7 @@ def test_check_prints_the_litellm_version_and_its_capabilities(tmp_path, capsys)
     assert main(["check", str(cfg)]) == 0
     out = capsys.readouterr().out
     version = _litellm.litellm_version()
-    assert f"[litellm] {version} (supported litellm>=1.105,<2)" in out
+    assert f"[litellm] {version} (supported litellm{_litellm.SUPPORTED})" in out
     for name, cap in _litellm.capabilities().items():
         assert (f"  {name}: yes" if cap.available else f"  {name}: no ({cap.missing}") in out
     assert main(["check", str(cfg), "--json"]) == 0
