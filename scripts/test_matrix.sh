@@ -41,7 +41,7 @@ leg() {  # leg NAME PACKAGE==VERSION: a venv with that one package in front of .
   fi
   echo "== $name: $req"
   # shellcheck disable=SC2086
-  "$dir/bin/python" -m pytest -q -p no:cacheprovider -rs $suites || failed+=("$name")
+  "$dir/bin/python" -m pytest -q -p no:cacheprovider -rfEs $suites || failed+=("$name")
 }
 
 failed=()
