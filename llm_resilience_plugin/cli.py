@@ -141,6 +141,7 @@ def _describe(spec: Any, guard: Any, dispatch: dict[str, Any] | None = None) -> 
                 "id": (d.get("model_info") or {}).get("id", "(generated)"),
                 "model": d["litellm_params"]["model"],
                 "api_base": mask_url(d["litellm_params"].get("api_base")),
+                "rate_limit": rate_limit_of(spec, d),
             }
             for d in spec.model_list
             if d["model_name"] == group
@@ -164,6 +165,42 @@ def _describe(spec: Any, guard: Any, dispatch: dict[str, Any] | None = None) -> 
             "timezone": str(guard.tz),
         }
     return out
+
+
+def rate_limit_of(spec: Any, d: Mapping[str, Any]) -> dict[str, Any]:
+    """A deployment's effective rate limit as ``check`` shows it: its value and where it comes from."""
+    from llm_resilience_plugin._engine.limits import configured_limits
+
+    pacing = spec.policy.pacing
+    dep_id = (d.get("model_info") or {}).get("id")
+    override = pacing.limits.get(dep_id) or pacing.limits.get(d["model_name"])
+    params = d.get("litellm_params") or {}
+    lim = configured_limits(params, override.model_dump() if override else None)
+    if not pacing.enabled:
+        return {"paced": False, "source": "pacing off (429s retried with backoff and Retry-After)"}
+    if lim is None:
+        how = "learned from 429s and rate-limit headers" if pacing.learn else "none (not learned)"
+        return {"paced": True, "rpm": None, "tpm": None, "source": how}
+    source = "pacing.limits" if override else "litellm_params"
+    return {
+        "paced": True,
+        "rpm": round(lim.requests_per_s * 60, 3) if lim.requests_per_s else None,
+        "tpm": round(lim.tokens_per_s * 60, 1) if lim.tokens_per_s else None,
+        "burst": lim.request_burst,
+        "headroom": pacing.headroom,
+        "source": source,
+    }
+
+
+def rate_limit_line(r: Mapping[str, Any]) -> str:
+    """One deployment's rate limit in words."""
+    if not r.get("paced"):
+        return r["source"]
+    if r.get("rpm") is None and r.get("tpm") is None:
+        return f"no limit configured: {r['source']}"
+    parts = [f"{r['rpm']:g} rpm" if r.get("rpm") else "", f"{r['tpm']:g} tpm" if r.get("tpm") else ""]
+    shown = ", ".join(p for p in parts if p)
+    return f"{shown} ({r['source']}), paced at {r['headroom']:.0%}, then learned from the provider"
 
 
 def stream_timeouts_line(p: Mapping[str, Any]) -> str:
@@ -213,6 +250,7 @@ def _print_policy(path: str, spec: Any, out: dict[str, Any]) -> None:
         print(f"\n[{group}]")
         for d in g["deployments"]:
             print(f"  deployment {d['id']}: {d['model']} @ {d['api_base'] or 'provider default'}")
+            print(f"    rate limit: {rate_limit_line(d['rate_limit'])}")
         print(f"  fallbacks: {g['fallbacks'] or '-'}; context window: {g['context_window_fallbacks'] or '-'}")
         print(f"  deadline {p['deadline']}s, attempt timeout {p['attempt_timeout']}s")
         print(f"  streams: {stream_timeouts_line(p)}")

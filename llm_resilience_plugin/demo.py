@@ -278,7 +278,8 @@ async def run_demo(calls_per_phase: int = 12, out: TextIO = sys.stdout) -> int:
     except ImportError:
         out.write(
             "the demo compares against langchain-litellm's ChatLiteLLMRouter: "
-            "pip install 'llm-resilience-plugin[demo]'\n"
+            "run bash scripts/demo.sh from a checkout, or pip install -e '.[demo]' there "
+            "(or pip install langchain-litellm)\n"
         )
         return 2
     from llm_resilience_plugin._litellm import CapabilityWarning

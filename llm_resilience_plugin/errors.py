@@ -163,6 +163,30 @@ class DeadlineExceededError(AllRoutesFailedError, TimeoutError):
     """The call's deadline expired before any route answered."""
 
 
+class RateLimitWaitError(AllRoutesFailedError):
+    """Every route was rate-limited and the wait for a slot did not fit the call's deadline:
+    ``wait_s`` is how long the shortest queue would have made it wait (nothing more was sent)."""
+
+    wait_s: float
+
+    def __init__(
+        self, message: str, attempts: Sequence[AttemptRecord], report: CallReport, wait_s: float
+    ) -> None:
+        self.wait_s = wait_s
+        super().__init__(
+            f"{message}; the shortest rate-limit queue would have waited {wait_s:.2f} s", attempts, report
+        )
+
+
+class PacedOut(Exception):
+    """An attempt not sent: the deployment's rate-limit queue would not admit it in time."""
+
+    def __init__(self, group: str, wait_s: float, why: str) -> None:
+        super().__init__(f"rate-limited: {why} (a slot in {wait_s:.2f} s): nothing sent")
+        self.group = group
+        self.wait_s = wait_s
+
+
 _AS_PROVIDER_ERROR: dict[tuple[type, type], type] = {}
 
 
@@ -234,6 +258,7 @@ __all__ = [
     "ErrorClass",
     "Failure",
     "LoadShedError",
+    "RateLimitWaitError",
     "ResilienceError",
     "StreamInterruptedError",
     "UnknownModelGroupError",

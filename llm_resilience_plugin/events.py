@@ -172,6 +172,21 @@ class RetryScheduled:
 
 
 @dataclass(frozen=True, slots=True)
+class Paced:
+    """An attempt waited for a slot in a deployment's rate-limit queue, then went out."""
+
+    call_id: str
+    model_group: str
+    deployment_id: str
+    waited_s: float
+    priority: str | None
+    queued: int  # calls still waiting in that deployment's queue
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
 class FallbackTaken:
     """The call moved to another model group."""
 
@@ -260,6 +275,8 @@ class CallReport:
     stream_restarts: int = 0
     skipped_stream_events: int = 0  # invalid SSE events dropped in place (the stream went on)
     operation: str = "completion"  # LiteLLM's call: completion (chat), embedding, responses, ...
+    queued_s: float = 0.0  # seconds the call waited for a rate-limit slot (pacing), all attempts
+    paced: int = 0  # attempts that waited in a deployment's rate-limit queue before sending
     # The key, or how to compute it: the content fingerprint is hashed on first read when nothing
     # needed it during the call, so calls without a store, guard or listener never pay for it.
     _idempotency_key: str | None = field(default=None, repr=False)
@@ -352,6 +369,8 @@ class CallReport:
             "stream_restarts": self.stream_restarts,
             "skipped_stream_events": self.skipped_stream_events,
             "operation": self.operation,
+            "queued_s": self.queued_s,
+            "paced": self.paced,
             "attempts": [a.to_dict() for a in self.attempts],
         }
 
@@ -389,6 +408,7 @@ Event = (
     CallStarted
     | AttemptRecord
     | RetryScheduled
+    | Paced
     | FallbackTaken
     | HedgeSent
     | StreamRestart
@@ -428,6 +448,7 @@ _EVENT_NAMES: dict[type, str] = {
     HedgeSent: "hedge",
     StreamRestart: "stream_restart",
     BreakerTransition: "breaker",
+    Paced: "paced",
     CallReport: "call",
 }
 
@@ -489,6 +510,7 @@ __all__ = [
     "HedgeSent",
     "Listener",
     "Outcome",
+    "Paced",
     "RetryScheduled",
     "StreamRestart",
     "event_dict",

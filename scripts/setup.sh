@@ -63,7 +63,10 @@ if [ -f "$stamp" ] || { [ "$use" = demo ] && [ -f ".venv/.setup-test-$hash" ]; }
   exit 0
 fi
 echo "setup: installing $why: pip install -e \".[$extras]\""
-.venv/bin/python -m pip install --quiet -e ".[$extras]"
+# setuptools prints a boxed "Editable installation" banner on every editable build: not for us
+# (the package folder is the one to import); everything else pip says is passed on.
+.venv/bin/python -m pip install --quiet -e ".[$extras]" 2>&1 |
+  awk '/BuildBackendWarning: Editable installation/ {skip = 1} !skip {print} skip && /WheelFile\(/ {skip = 0}'
 rm -f .venv/.installed-* ".venv/.setup-$use-"*
 touch "$stamp"
 echo "setup: .venv ready for '$use' (Python $want)"

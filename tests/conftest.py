@@ -107,3 +107,27 @@ def make_router(sim: ProviderSimulator) -> Iterator[RouterFactory]:
 
 
 MSG = [{"role": "user", "content": "Hello there, how are you?"}]
+
+
+# -- where the suite's time goes: one line per kind of test (tests/<kind>/) at the end of a run --
+
+_KIND_TIMES: dict[str, list[float]] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Add each phase's duration (setup, call, teardown) to its kind's total."""
+    parts = report.nodeid.split("/")
+    kind = parts[1] if len(parts) > 2 and parts[0] == "tests" else parts[0].split("::")[0]
+    entry = _KIND_TIMES.setdefault(kind, [0.0, 0.0])
+    entry[0] += report.duration
+    if report.when == "call":
+        entry[1] += 1
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Seconds spent per kind, slowest first (only when a run covers more than one kind)."""
+    if len(_KIND_TIMES) < 2:
+        return
+    terminalreporter.section("time by kind of test")
+    for kind, (seconds, tests) in sorted(_KIND_TIMES.items(), key=lambda kv: -kv[1][0]):
+        terminalreporter.write_line(f"{kind:<14} {seconds:7.1f} s  {int(tests):5d} tests")

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from llm_resilience_plugin._engine.breakers import Admission, DeploymentBreaker
 from llm_resilience_plugin._engine.core import CallState
+from llm_resilience_plugin._engine.pacing import Grant
 from llm_resilience_plugin._engine.prefill import can_prefill
 from llm_resilience_plugin.errors import CircuitOpenError, Failure
 from llm_resilience_plugin.events import AttemptGuard
@@ -69,6 +70,8 @@ class AttemptContext:
     # What the dispatcher holds for this attempt (hooks, registrations), let go once the engine
     # has accounted for the outcome; None until the first (most attempts hold nothing).
     cleanups: list[Callable[[], None]] | None = None
+    # The rate-limit slot this attempt took (see _engine.pacing); None when nothing is paced.
+    grant: Grant | None = None
 
     def on_clean_up(self, fn: Callable[[], None]) -> None:
         """Have :meth:`clean_up` call ``fn`` (once)."""

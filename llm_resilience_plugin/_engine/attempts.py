@@ -8,6 +8,7 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any
 
+from llm_resilience_plugin._engine import admission, overload
 from llm_resilience_plugin._engine.attempt import ATTEMPT_IDS, AttemptContext
 from llm_resilience_plugin._engine.core import (
     CallState,
@@ -51,7 +52,7 @@ def begin(
         call.add_failure(failure)
         engine.record(call, group, level, None, failure, started_wall, 0.0, wait_before, "skipped")
         raise AttemptFailed(failure, None)
-    held = engine.held_back(call, group) if engine.hold_until and not exclude else None
+    held = overload.held_back(engine, call, group) if engine.hold_until and not exclude else None
     if held is not None:  # every deployment asked to be left alone for now: wait or fail over
         call.add_failure(held)
         engine.record(call, group, level, None, held, started_wall, 0.0, wait_before, "skipped")
@@ -87,6 +88,7 @@ def cancelled(
 ) -> None:
     """The attempt was cancelled (or abandoned): its breaker counts nothing; guards settle."""
     engine.release(actx.admission)
+    engine.paces.finished(actx.grant, actx.sent)  # in flight: its place frees; unsent: its slot back
     if actx.guard_tokens:
         if actx.sent:  # in flight: the provider may bill it; the guard's policy decides
             actx.settle_guards(None, None, None, billable=True)
@@ -197,7 +199,16 @@ async def attempt(
     raised as :class:`AttemptFailed` (classified once)."""
     dispatcher = engine.dispatcher
     assert dispatcher is not None, "an engine needs a dispatcher before its first call"
-    actx, timeout_s, bound, started_wall, wait_before = begin(engine, call, group, level, exclude, holder)
+    grant = None
+    if engine.paces.on:  # some deployment is rate-limited: wait for a slot, pinned to it
+        exclude, grant = await admission.admit(engine, call, group, exclude, messages, kwargs)
+    try:
+        actx, timeout_s, bound, started_wall, wait_before = begin(engine, call, group, level, exclude, holder)
+    except AttemptFailed:
+        if grant is not None:  # no time left to send it: the slot goes back
+            engine.paces[grant.deployment_id].give_back(grant)
+        raise
+    actx.grant = grant
     t0 = engine.clock.monotonic()
     try:
         if engine.guards:
@@ -224,7 +235,17 @@ def attempt_sync(
     dispatcher = engine.dispatcher
     if not isinstance(dispatcher, SyncDispatcher):
         raise TypeError(f"blocking attempts need a SyncDispatcher (with send_sync), not {dispatcher!r}")
-    actx, timeout_s, bound, started_wall, wait_before = begin(engine, call, group, level)
+    exclude: frozenset[str] = frozenset()
+    grant = None
+    if engine.paces.on:  # some deployment is rate-limited: wait for a slot, pinned to it
+        exclude, grant = admission.admit_sync(engine, call, group, exclude, messages, kwargs)
+    try:
+        actx, timeout_s, bound, started_wall, wait_before = begin(engine, call, group, level, exclude)
+    except AttemptFailed:
+        if grant is not None:  # no time left to send it: the slot goes back
+            engine.paces[grant.deployment_id].give_back(grant)
+        raise
+    actx.grant = grant
     t0 = engine.clock.monotonic()
     try:
         if engine.guards:

@@ -318,6 +318,7 @@ class DeploymentBreaker:
         self._lock = threading.Lock()
         self._hold_until = 0.0
         self._rate_limited = 0  # 429s in a row since the last success
+        self._rate_limited_since = 0.0  # when the first of them came
         self._ticket: Admission | None = None  # the plain ticket of the last generation seen
         if backend is not None and storage is not None:
             raise ValueError("pass a pybreaker storage or a backend, not both")
@@ -442,25 +443,32 @@ class DeploymentBreaker:
             self._emit(self.backend.record_failure(admission, self._clock()))
 
     def record_rate_limited(self, admission: Admission) -> None:
-        """A 429: not an outage. Only ``rate_limit_fail_max`` of them in a row (no success in
-        between) open the breaker; fewer just free the ticket (the Retry-After hold does the rest)."""
+        """A 429: not an outage. The breaker opens only for a deployment that has answered
+        nothing but 429s - at least ``rate_limit_fail_max`` in a row over at least
+        ``rate_limit_open_after`` seconds (an exhausted quota); any answer ends the streak."""
         limit = self.policy.rate_limit_fail_max
-        if limit is not None and self.policy.enabled and self.backend.shares_rate_limits:
-            with self._lock:  # the fleet counts them (one streak for every process)
-                self._emit(self.backend.observed())
-                self._emit(self.backend.record_rate_limited(admission, limit, self._clock()))
-            return
+        now = self._clock()
+        if not self._rate_limited:
+            self._rate_limited_since = now
         self._rate_limited += 1
-        if limit is None or self._rate_limited < limit:
+        if (
+            limit is None
+            or not self.policy.enabled
+            or self._rate_limited < limit
+            or now - self._rate_limited_since < self.policy.rate_limit_open_after
+        ):
             self.release(admission)
             return
         self._rate_limited = 0
-        if not self.policy.enabled:
+        if self.backend.shares_rate_limits:
+            with self._lock:  # the fleet's breaker: this process's streak is the evidence
+                self._emit(self.backend.observed())
+                self._emit(self.backend.record_rate_limited(admission, 1, now))
             return
         with self._lock:
             self._emit(self.backend.observed())
             for _ in range(self.policy.fail_max):  # enough failures to trip it, whatever the backend
-                changes = self.backend.record_failure(admission, self._clock())
+                changes = self.backend.record_failure(admission, now)
                 self._emit(changes)
                 if changes:
                     break

@@ -21,6 +21,8 @@ from llm_resilience_plugin.errors import (
     DeadlineExceededError,
     ErrorClass,
     Failure,
+    PacedOut,
+    RateLimitWaitError,
     as_provider_error,
 )
 from llm_resilience_plugin.events import CallReport, Listener, attach_report
@@ -363,6 +365,9 @@ def final_error(
     root = next((f for f in real if f.error_class is not ErrorClass.CIRCUIT_OPEN), None)
     root = root or (real[0] if real else None)
     n = report.upstream_requests
+    paced_out = [f.exception.wait_s for f in real if isinstance(f.exception, PacedOut)]
+    if paced_out and all(f.error_class is ErrorClass.RATE_LIMIT for f in real):
+        return _rate_limit_wait(call, real, min(paced_out))
     out_of_time = call.out_of_time or call.deadline.remaining() <= min_attempt_time
     if out_of_time and failures:
         err: AllRoutesFailedError = DeadlineExceededError(
@@ -380,6 +385,32 @@ def final_error(
         err.__cause__ = root.exception
         err = as_provider_error(err, root.exception)  # drop-in: caught as a plain Router's error
     return err
+
+
+def _rate_limit_wait(call: CallState, real: Sequence[Failure], wait_s: float) -> BaseException:
+    """Every route was at its rate limit and no slot came in time: a :class:`RateLimitWaitError`,
+    also the provider's ``RateLimitError`` (its 429, or one made for it when nothing was sent), so
+    a caller written for a plain Router catches it as one."""
+    report = call.report
+    group, n = report.requested_group, report.upstream_requests
+    err: AllRoutesFailedError = RateLimitWaitError(
+        f"rate-limited on every route for {group!r} after {n} request(s)",
+        report.attempts,
+        report,
+        wait_s,
+    )
+    root = next((f.exception for f in real if f.status is not None), None)
+    if root is None:
+        import litellm
+
+        try:
+            root = litellm.RateLimitError(
+                str(real[-1].exception), llm_provider="", model=report.requested_group
+            )
+        except Exception:  # another LiteLLM's constructor: the plugin's error alone
+            return err
+    err.__cause__ = root
+    return as_provider_error(err, root)
 
 
 def attempt_limit(

@@ -114,6 +114,8 @@ def _after_exhausted(
         err = final_error(call, engine.policy.min_attempt_time, engine.as_itself)
         raise err from err.__cause__
     engine.emit(call, FallbackTaken(call.call_id, walk.group, nxt, walk.level + 1, failure.error_class))
+    if failure.error_class is ErrorClass.RATE_LIMIT:
+        engine.paces.failover(engine.group_deployments.get(nxt, ()))
     walk.walked().append(nxt)
     walk.group = nxt
     walk.level += 1
@@ -347,6 +349,7 @@ def _group_state(engine: Engine, call: CallState, group: str) -> GroupRetryState
         overloaded=lambda: overload.overloaded(engine, call, group),
         holds=engine.hold_queue,
         cut_short=lambda slept: setattr(call, "next_wait", slept),
+        pacing=engine.paces.enabled,
     )
 
 

@@ -32,7 +32,9 @@ from llm_resilience_plugin._engine.dispatch import Dispatcher
 from llm_resilience_plugin._engine.hedging import HedgeState
 from llm_resilience_plugin._engine.holds import HoldQueue
 from llm_resilience_plugin._engine.learned import StreamTimings
-from llm_resilience_plugin._engine.retry import RetryAfterHeld, RetryBudget, SharedTokens
+from llm_resilience_plugin._engine.paces import PaceFor, Paces
+from llm_resilience_plugin._engine.retry import RetryBudget, SharedTokens
+from llm_resilience_plugin._engine.taxonomy import headers_of
 from llm_resilience_plugin.errors import ErrorClass, Failure
 from llm_resilience_plugin.events import (
     AttemptGuard,
@@ -124,6 +126,7 @@ class Engine:
         policies: Mapping[str, EffectivePolicy] | None = None,
         backend_for: BackendFor | None = None,
         bucket_for: BucketFor | None = None,
+        pace_for: PaceFor | None = None,
         shared_breakers: bool = False,
         retry_on: Callable[[BaseException], bool] | None = None,
         retry_on_max: int = 2,
@@ -196,6 +199,7 @@ class Engine:
             for g, p in self.policies.items()
             if p.hedge is not None and p.hedge.enabled
         }
+        self.paces = Paces(self.policy, self.deployments.values(), clock, pace_for)
 
     # -- state the filter and the drivers read ---------------------------------------------------
 
@@ -237,29 +241,6 @@ class Engine:
         now = self.clock.wall()
         waits = [self.breakers[d].held_for(now) for d in self.admissible(call, group, now)]
         return min(waits) if waits else 0.0
-
-    def held_back(self, call: CallState, group: str) -> Failure | None:
-        """A skip instead of a request when every deployment of ``group`` this call may use holds
-        a ``Retry-After``: the provider asked not to be sent to before then, so the call waits out
-        the hold on this group (within ``max_wait_with_fallback`` and the deadline) or fails over,
-        and nothing is sent. None when some deployment is free (or nothing is admissible: the
-        breakers decide). Cheap while no hold is pending."""
-        hold = self.hold_until
-        if not hold:
-            return None
-        now = self.clock.wall()
-        if now >= hold:
-            return None
-        free_in = self.earliest_free(call, group)
-        if free_in <= 0:
-            return None
-        return Failure(
-            ErrorClass.RATE_LIMIT,
-            None,
-            f"every deployment of {group!r} holds a Retry-After ({free_in:.2f} s left): nothing sent",
-            free_in,
-            RetryAfterHeld(group, free_in),
-        )
 
     def hold_slot(self, call: CallState, group: str) -> float | None:
         """A place in the queue of the held deployment of ``group`` that frees first and has room
@@ -385,8 +366,11 @@ class Engine:
         if actx.admission is not None:
             self.breakers[actx.admission.deployment_id].record_success(actx.admission)
         self.budgets[group].on_success()
+        hidden = (actx.hidden or hidden_params_of(response)) if response is not None else None
         if actx.picked is not None:
             self.hold_queue.answered(actx.picked, self.clock.wall())
+            if self.paces.enabled:
+                self.paces.answered(actx.picked, actx.grant, self.clock.monotonic() - latency, hidden, usage)
         if not call.stream:
             self.timings[group].observe_answer(latency)
         hedge = self.hedges.get(group) if self.hedges else None
@@ -397,7 +381,7 @@ class Engine:
         if response is not None:
             model = getattr(response, "model", None)
             served_model = served_model or (str(model) if model else None)
-            reported = (actx.hidden or hidden_params_of(response) or {}).get("response_cost")
+            reported = (hidden or {}).get("response_cost")
             if cost is None and isinstance(reported, int | float) and not isinstance(reported, bool):
                 cost = float(reported)
         self.record(
@@ -437,25 +421,35 @@ class Engine:
         adm = actx.admission
         counts = self.counts_against(failure)
         pol = self.policies[group]
+        paced = self.paces.enabled and failure.error_class is ErrorClass.RATE_LIMIT
         if adm is not None:
             b = self.breakers[adm.deployment_id]
             if failure.error_class is ErrorClass.RATE_LIMIT:
-                b.record_rate_limited(adm)  # a 429 is not an outage: its own, higher threshold
+                b.record_rate_limited(adm)  # a 429 is not an outage: see rate_limit_open_after
             elif counts:
                 b.record_failure(adm)
             else:
                 b.release(adm)
-            if failure.retry_after:
+            if paced and failure.status is not None:  # the provider's 429: the pace takes it
+                headers = headers_of(failure.exception)
+                self.paces.rate_limited(adm.deployment_id, failure.retry_after, headers, latency, actx.grant)
+            elif failure.retry_after:
                 b.hold(failure.retry_after)
                 self.hold_queue.held(adm.deployment_id, self.clock.wall(), failure.retry_after, call.call_id)
                 self.hold_until = max(self.hold_until, self.clock.wall() + failure.retry_after)
-        if counts:
+        self.paces.finished(actx.grant, actx.sent)
+        if counts and not paced:  # paced 429s are bounded by the pace, not the retry budget
             self.budgets[group].on_failure()
         if dep is not None:
             call.mark_failed(dep)
             # A long silence then an error is a silent deployment whatever the class says (a
             # connection held 15 s then dropped): never wait on it twice in one call.
-            silent = actx.timeout_s > 0 and latency > actx.timeout_s / 2
+            # (A 429 is an answer, however slowly it came: the pace handles it.)
+            silent = (
+                actx.timeout_s > 0
+                and latency > actx.timeout_s / 2
+                and failure.error_class is not ErrorClass.RATE_LIMIT
+            )
             if self.avoid_failed and (silent or not pol.classes[failure.error_class].same_deployment):
                 call.avoid(dep)
         sent = actx.sent or (dep is not None and failure.error_class is not ErrorClass.CIRCUIT_OPEN)

@@ -7,6 +7,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from llm_resilience_plugin._engine.core import CallState
+from llm_resilience_plugin._engine.retry import RetryAfterHeld
+from llm_resilience_plugin.errors import ErrorClass, Failure
 
 if TYPE_CHECKING:
     from llm_resilience_plugin._engine.engine import Engine
@@ -44,3 +46,19 @@ def overloaded(engine: Engine, call: CallState, group: str) -> bool:
         if None not in callers and len(callers) >= 2:
             return True
     return all(holds.saturated(d) for d in held)
+
+
+def held_back(engine: Engine, call: CallState, group: str) -> Failure | None:
+    """A skip instead of a request when every deployment of ``group`` this call may use holds
+    a ``Retry-After`` (the hold rules, with pacing off): the provider asked not to be sent to
+    before then, so the call waits out the hold on this group (within ``max_wait_with_fallback``
+    and the deadline) or fails over, and nothing is sent. None when some deployment is free (or
+    nothing is admissible: the breakers decide). Cheap while no hold is pending."""
+    hold = engine.hold_until
+    if not hold or engine.clock.wall() >= hold:
+        return None
+    free_in = engine.earliest_free(call, group)
+    if free_in <= 0:
+        return None
+    why = f"every deployment of {group!r} holds a Retry-After ({free_in:.2f} s left): nothing sent"
+    return Failure(ErrorClass.RATE_LIMIT, None, why, free_in, RetryAfterHeld(group, free_in))

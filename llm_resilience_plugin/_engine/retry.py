@@ -21,7 +21,7 @@ import tenacity
 
 from llm_resilience_plugin._engine.clock import Clock, Deadline
 from llm_resilience_plugin._engine.holds import HoldQueue
-from llm_resilience_plugin.errors import ErrorClass, Failure
+from llm_resilience_plugin.errors import ErrorClass, Failure, PacedOut
 from llm_resilience_plugin.policy import BackoffPolicy, EffectivePolicy, RetryBudgetPolicy
 
 
@@ -160,11 +160,15 @@ class GroupRetryState:
     hold_waited: float = 0.0  # seconds this call has waited for Retry-After holds of the group
     hold_allowance: float | None = None  # at most one hold's worth of waiting (set by the first)
     shed: str | None = None  # why the wait just computed is not taken: fail over at once
+    pacing: bool = False  # a provider's 429 is paced: the next attempt waits for its slot instead
 
     def should_retry(self, exc: BaseException) -> bool:
         if not isinstance(exc, AttemptFailed):
             return False
         f = exc.failure
+        if isinstance(f.exception, PacedOut):
+            self.gave_up_reason = "rate-limited: no slot in time on this group (nothing sent): failing over"
+            return False
         cp = self.policy.classes[f.error_class]
         if self.has_candidates is not None and not self.has_candidates():
             self.gave_up_reason = "no other deployment of the group left to try: failing over"
@@ -196,6 +200,13 @@ class GroupRetryState:
 
     def wait(self, retry_state: tenacity.RetryCallState) -> float:
         exc = retry_state.outcome.exception() if retry_state.outcome else None
+        if (
+            self.pacing
+            and isinstance(exc, AttemptFailed)
+            and exc.failure.error_class is ErrorClass.RATE_LIMIT
+            and exc.failure.status is not None
+        ):
+            return 0.0  # the deployment's pace holds the next attempt until its slot
         retry_number = retry_state.attempt_number
         delay = backoff_delay(self.policy.backoff, retry_number, self.rng)
         if self._our_storm(exc):

@@ -75,6 +75,11 @@ def _headers_of(exc: BaseException) -> Mapping[str, Any] | None:
     return h if h else None  # type: ignore[no-any-return]
 
 
+def headers_of(exc: BaseException) -> Mapping[str, Any] | None:
+    """The response headers an error carries (its rate-limit headers, Retry-After), if any."""
+    return _headers_of(exc)
+
+
 def retry_after_of(exc: BaseException) -> float | None:
     """The Retry-After an error carries (``retry-after-ms`` too), in seconds."""
     headers = _headers_of(exc)

@@ -43,6 +43,30 @@ class BudgetRow:
     limit: float
 
 
+@dataclass(frozen=True, slots=True)
+class PaceRow:
+    """One deployment's pace: calls queued for a slot, its limit (requests a minute; 0 when none
+    is known) and the slots granted so far."""
+
+    group: str
+    deployment: str
+    queued: int
+    limit_rpm: float
+    granted: int
+
+
+def pace_rows(router: Any) -> list[PaceRow]:
+    """Every deployment's pace (routers without pacing: none)."""
+    paces = getattr(router, "paces", None)
+    if paces is None:
+        return []
+    groups = {d.id: d.model_group for d in router.deployments()}
+    return [
+        PaceRow(groups.get(dep, ""), dep, int(s["queued"]), float(s["rpm"] or 0.0), int(s["granted"]))
+        for dep, s in paces().items()
+    ]
+
+
 def retry_budget_rows(router: Any) -> list[RetryBudgetRow]:
     """Every model group's retry-budget level (groups whose budget is disabled included)."""
     rows: list[RetryBudgetRow] = []

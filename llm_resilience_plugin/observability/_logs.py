@@ -63,7 +63,8 @@ _STD_ATTRS = frozenset(
 
 class JsonFormatter(logging.Formatter):
     """One JSON object per record: ``ts`` (UTC ISO-8601), ``level``, ``logger``, ``event``
-    (``record.llm_event_name`` or the message), ``message``, the ``record.llm_event`` fields,
+    (``record.llm_event_name`` or the message), ``message`` (left out when it only repeats
+    ``event``, as the router's records do), the ``record.llm_event`` fields,
     any other ``extra=`` fields, and ``exc_type``/``exc_message``/``exc_info`` for exceptions.
     Everything passes through :func:`redact`. ``static`` fields are added to every record
     (``service``, ``env``)."""
@@ -80,8 +81,9 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname.lower(),
             "logger": record.name,
             "event": getattr(record, "llm_event_name", None) or message,
-            "message": message,
         }
+        if message != out["event"]:
+            out["message"] = message
         out.update(self.static)
         payload = getattr(record, "llm_event", None)
         if isinstance(payload, Mapping):

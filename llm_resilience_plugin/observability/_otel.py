@@ -29,6 +29,7 @@ from llm_resilience_plugin.events import (
     Event,
     FallbackTaken,
     HedgeSent,
+    Paced,
     RetryScheduled,
     StreamRestart,
 )
@@ -328,6 +329,13 @@ def _event_attributes(event: Event) -> tuple[str | None, dict[str, Any]]:
             f"{sc.NS}.fallback_level": event.fallback_level,
             f"{sc.NS}.error_class": str(event.reason),
         }
+    if isinstance(event, Paced):
+        return f"{sc.NS}.paced", {
+            f"{sc.NS}.model_group": event.model_group,
+            f"{sc.NS}.deployment_id": event.deployment_id,
+            f"{sc.NS}.waited_s": event.waited_s,
+            f"{sc.NS}.queued": event.queued,
+        }
     if isinstance(event, HedgeSent):
         attrs = {f"{sc.NS}.delay_s": event.delay_s, f"{sc.NS}.model_group": event.model_group}
         if event.first_deployment:
@@ -400,6 +408,12 @@ class OtelMetrics:
             f"{sc.NS}.breaker.transitions", unit="{transition}", description="Breaker transitions"
         )
         self.hedges = m.create_counter(f"{sc.NS}.hedges", unit="{hedge}", description="Hedge requests sent")
+        self.pacing_wait = m.create_histogram(
+            f"{sc.NS}.pacing.wait",
+            unit="s",
+            description="Time an attempt waited for a rate-limit slot, by deployment and priority tier",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+        )
         self.hedges_won = m.create_counter(
             f"{sc.NS}.hedges.won", unit="{hedge}", description="Hedged calls answered by the hedge"
         )
@@ -443,6 +457,15 @@ class OtelMetrics:
             )
         elif isinstance(event, HedgeSent):
             self.hedges.add(1, {f"{sc.NS}.model_group": event.model_group})
+        elif isinstance(event, Paced):
+            self.pacing_wait.record(
+                event.waited_s,
+                {
+                    f"{sc.NS}.model_group": event.model_group,
+                    f"{sc.NS}.deployment_id": event.deployment_id,
+                    f"{sc.NS}.priority": event.priority or "",
+                },
+            )
         elif isinstance(event, BreakerTransition):
             where = {f"{sc.NS}.model_group": event.model_group, f"{sc.NS}.deployment_id": event.deployment_id}
             self.breaker_state.set(sc.breaker_value(event.new_state), where)

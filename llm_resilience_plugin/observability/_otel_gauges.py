@@ -17,7 +17,7 @@ from typing import Any
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from llm_resilience_plugin.observability import _semconv as sc
-from llm_resilience_plugin.observability._gauges import budget_rows, retry_budget_rows
+from llm_resilience_plugin.observability._gauges import budget_rows, pace_rows, retry_budget_rows
 
 
 class ObservedRouter:
@@ -60,6 +60,37 @@ class ObservedRouters:
         meter.create_observable_gauge(
             f"{sc.NS}.budget.limit", [self._limit], unit="USD", description="A cost budget's limit"
         )
+        meter.create_observable_gauge(
+            f"{sc.NS}.pacing.queued",
+            [self._pace("queued")],
+            unit="{call}",
+            description="Calls waiting for a rate-limit slot per deployment",
+        )
+        meter.create_observable_gauge(
+            f"{sc.NS}.pacing.limit",
+            [self._pace("limit_rpm")],
+            unit="{request}/min",
+            description="A deployment's paced limit in requests a minute (0: none known)",
+        )
+        meter.create_observable_counter(
+            f"{sc.NS}.pacing.granted",
+            [self._pace("granted")],
+            unit="{request}",
+            description="Requests admitted by a deployment's pace (its rate against pacing.limit)",
+        )
+
+    def _pace(self, field: str) -> Any:
+        def read(options: CallbackOptions) -> Iterable[Observation]:
+            return [
+                Observation(
+                    getattr(row, field),
+                    {f"{sc.NS}.model_group": row.group, f"{sc.NS}.deployment_id": row.deployment},
+                )
+                for o in list(self._routers)
+                for row in pace_rows(o.router)
+            ]
+
+        return read
 
     def add(self, observed: ObservedRouter) -> None:
         self._routers.add(observed)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from llm_resilience_plugin.events import (
     AttemptRecord,
@@ -27,10 +27,11 @@ from llm_resilience_plugin.events import (
     Event,
     FallbackTaken,
     HedgeSent,
+    Paced,
     RetryScheduled,
 )
 from llm_resilience_plugin.observability import _semconv as sc
-from llm_resilience_plugin.observability._gauges import budget_rows, hedge_won, retry_budget_rows
+from llm_resilience_plugin.observability._gauges import budget_rows, hedge_won, pace_rows, retry_budget_rows
 
 if TYPE_CHECKING:
     from llm_resilience_plugin.routing._router import ResilientRouter
@@ -58,6 +59,7 @@ class PrometheusMetrics:
     budget_limit: Gauge
     hedges: Counter
     hedges_won: Counter
+    pacing_wait: Histogram
     scraped: ScrapedGauges
 
     @classmethod
@@ -115,6 +117,12 @@ class PrometheusMetrics:
             ),
             hedges=counter("hedges", "Hedge requests sent", ("group",)),
             hedges_won=counter("hedges_won", "Hedged calls answered by the hedge", ("group",)),
+            pacing_wait=histogram(
+                "pacing_wait_seconds",
+                "Time an attempt waited for a rate-limit slot, by deployment and priority tier",
+                ("group", "deployment", "priority"),
+                DURATION_BUCKETS,
+            ),
             scraped=ScrapedGauges.register(registry),
         )
 
@@ -155,14 +163,31 @@ class ScrapedGauges:
             "Dollars left in a cost budget's current window (reservations counted)",
             labels=labels,
         )
+        queued = GaugeMetricFamily(
+            f"{PREFIX}_pacing_queued", "Calls waiting for a rate-limit slot", labels=["group", "deployment"]
+        )
+        limit = GaugeMetricFamily(
+            f"{PREFIX}_pacing_limit_rpm",
+            "A deployment's paced limit in requests a minute (0: none known)",
+            labels=["group", "deployment"],
+        )
+        granted = CounterMetricFamily(
+            f"{PREFIX}_pacing_granted",
+            "Requests admitted by a deployment's pace",
+            labels=["group", "deployment"],
+        )
         for r in list(self._routers):
+            for p in pace_rows(r.router):
+                queued.add_metric([p.group, p.deployment], p.queued)
+                limit.add_metric([p.group, p.deployment], p.limit_rpm)
+                granted.add_metric([p.group, p.deployment], p.granted)
             for row in retry_budget_rows(r.router):
                 tokens.add_metric([row.group], row.tokens)
                 capacity.add_metric([row.group], row.capacity)
             for b in budget_rows(r.router, scope_values=r.scope_values):
                 spent.add_metric([b.budget, b.period, b.scope], b.spent)
                 remaining.add_metric([b.budget, b.period, b.scope], b.remaining)
-        yield from (tokens, capacity, spent, remaining)
+        yield from (tokens, capacity, spent, remaining, queued, limit, granted)
 
 
 class ScrapedRouter:
@@ -238,6 +263,10 @@ class PrometheusRecorder:
                 m.hedges_won.labels(won).inc()
         elif isinstance(event, HedgeSent):
             m.hedges.labels(event.model_group).inc()
+        elif isinstance(event, Paced):
+            m.pacing_wait.labels(event.model_group, event.deployment_id, event.priority or "").observe(
+                event.waited_s
+            )
         elif isinstance(event, RetryScheduled):
             m.retries.labels(event.model_group, str(event.error_class)).inc()
         elif isinstance(event, FallbackTaken):

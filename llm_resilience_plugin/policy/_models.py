@@ -40,7 +40,8 @@ class ClassPolicy(Model):
 
 def _default_class_policies() -> dict[ErrorClass, ClassPolicy]:
     return {
-        ErrorClass.RATE_LIMIT: ClassPolicy(action="retry", max_retries=2),
+        # A 429 under pacing costs the provider little and the next attempt waits for its slot.
+        ErrorClass.RATE_LIMIT: ClassPolicy(action="retry", max_retries=4),
         ErrorClass.SERVER: ClassPolicy(action="retry", max_retries=2),
         ErrorClass.CONNECTION: ClassPolicy(action="retry", max_retries=2),
         # A silent provider costs one attempt timeout; never wait on it twice in the same call.
@@ -115,9 +116,16 @@ class BreakerPolicy(Model):
         default=10,
         ge=1,
         le=10000,
-        description="429s in a row (no success between) that open the breaker. A rate limit is not "
-        "an outage: fewer only hold the deployment for its Retry-After, so a burst of 429s never "
-        "ejects a deployment that answers the rest. None: 429s never open it.",
+        description="429s in a row (no success between) that, spanning rate_limit_open_after "
+        "seconds, open the breaker. A rate limit is not an outage: a deployment that answers some "
+        "calls while refusing others is paced, never ejected. None: 429s never open it.",
+    )
+    rate_limit_open_after: float = Field(
+        default=60.0,
+        ge=0,
+        le=86400,
+        description="A deployment that has answered nothing but 429s for this long (and at least "
+        "rate_limit_fail_max of them) is treated as down (an exhausted quota, a revoked tier).",
     )
 
     def open_for(self, streak: int) -> float:
@@ -263,8 +271,48 @@ class SharedStatePolicy(Model):
     )
 
 
+class DeploymentLimits(Model):
+    """A deployment's (or every deployment of a group's) rate limits, per minute."""
+
+    rpm: float | None = Field(default=None, gt=0, description="Requests per minute.")
+    tpm: float | None = Field(default=None, gt=0, description="Tokens (input + output) per minute.")
+    burst: float | None = Field(
+        default=None, gt=0, description="Requests that may go at once (default: one second's worth)."
+    )
+
+
+class PacingPolicy(Model):
+    """Client-side pacing of rate-limited deployments (docs/rate-limits.md)."""
+
+    enabled: bool = Field(
+        default=True,
+        description="Pace deployments with a limit (configured or learned); False: 429s are retried "
+        "with backoff and Retry-After holds only.",
+    )
+    learn: bool = Field(
+        default=True,
+        description="Learn limits from 429s and x-ratelimit-* / anthropic-ratelimit-* headers "
+        "(configured limits cap what is learned).",
+    )
+    headroom: float = Field(
+        default=0.95,
+        gt=0,
+        le=1,
+        description="Configured and header-given limits are paced at this share (clock skew, latency).",
+    )
+    limits: dict[str, DeploymentLimits] = Field(
+        default_factory=dict,
+        description="Limits by deployment id or model group, over LiteLLM's rpm/tpm in litellm_params.",
+    )
+    on_shared_state_error: Literal["local_share", "fail_closed"] = Field(
+        default="local_share",
+        description="Redis unreachable while the fleet shares paces: pace on this process's own "
+        "buckets (the limit divided by the workers last seen), or send nothing.",
+    )
+
+
 class ResiliencePolicy(Model):
-    """The whole policy. Defaults are explained in README ("Policy defaults")."""
+    """The whole policy. Each default and why: the manual's "Policy and error classes" page."""
 
     deadline: float = Field(default=60.0, gt=0, le=3600, description="Total seconds per call.")
     attempt_timeout: float = Field(default=30.0, gt=0, le=3600, description="Seconds per attempt.")
@@ -304,6 +352,7 @@ class ResiliencePolicy(Model):
     max_fallbacks: int = Field(default=5, ge=0, le=50)
     groups: dict[str, GroupPolicy] = Field(default_factory=dict)
     shared_state: SharedStatePolicy = Field(default_factory=SharedStatePolicy)
+    pacing: PacingPolicy = Field(default_factory=PacingPolicy)
     # Exporters turned on when the router is built (policy/_observability.py); None: only an
     # explicit instrument(router) call does.
     observability: ObservabilityPolicy | None = None

@@ -253,6 +253,7 @@ class ResilientRouter(EndpointsMixin):
             guards=list(guards or []),
             backend_for=wiring.backend_for if wiring.shared is not None else None,
             bucket_for=wiring.bucket_for if wiring.shared is not None else None,
+            pace_for=wiring.pace_for if wiring.shared is not None else None,
             shared_breakers=wiring.wanted,
         )
         # Direct dispatch where it is proven equivalent to the Router for this config (policy
@@ -315,6 +316,11 @@ class ResilientRouter(EndpointsMixin):
     def breakers(self) -> dict[str, dict[str, Any]]:
         """State per deployment id: state, fail_counter, generation, probes in flight, retry_at."""
         return self.engine.breakers.snapshot()
+
+    def paces(self) -> dict[str, dict[str, Any]]:
+        """Rate-limit pacing per deployment id: the effective rpm/tpm and where they come from
+        (``config``, ``headers``, ``learned``, ``none``), calls queued, slots granted, 429s seen."""
+        return self.engine.paces.snapshot()
 
     def breaker(self, deployment_id: str) -> DeploymentBreaker:
         """The circuit breaker of one deployment."""

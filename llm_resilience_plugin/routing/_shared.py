@@ -60,3 +60,8 @@ class SharedWiring:
         bucket = self.shared.token_bucket(self.router_key, group, eff.retry_budget.capacity)
         self.members.append(bucket)
         return bucket
+
+    def pace_for(self, info: DeploymentInfo) -> Any:
+        """The fleet-wide rate limit of one deployment (its configured rpm/tpm, shared)."""
+        fail_closed = self.spec.policy.pacing.on_shared_state_error == "fail_closed"
+        return self.shared.pace(self.router_key, info.id, fail_closed=fail_closed)

@@ -347,6 +347,12 @@ class RedisSharedState:
         self.register(bucket)
         return bucket
 
+    def pace(self, router_key: str, deployment_id: str, *, fail_closed: bool = False) -> Any:
+        """A deployment's rate limit on Redis, shared by the fleet (see ``_pacing.RedisPace``)."""
+        from llm_resilience_plugin.shared_state._pacing import RedisPace
+
+        return RedisPace(self, f"{self.namespace}:{router_key}:pace:{deployment_id}", fail_closed=fail_closed)
+
     def __repr__(self) -> str:
         return f"RedisSharedState({_safe_url(self.url)!r}, namespace={self.namespace!r})"
 

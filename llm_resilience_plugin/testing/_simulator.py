@@ -390,6 +390,24 @@ class ProviderSimulator:
         """Rate-limit ``deployment``: ``burst`` tokens, refilled at ``rate`` per second."""
         self._state.token_bucket(deployment, rate, burst, retry_after)
 
+    def rate_limit(
+        self,
+        deployment: str,
+        rpm: float | None = None,
+        tpm: float | None = None,
+        *,
+        burst_s: float = 1.0,
+        retry_after: float | None = None,
+        headers: bool = True,
+    ) -> None:
+        """A provider's rate limit on ``deployment``: ``rpm`` requests and ``tpm`` tokens (prompt +
+        ``max_tokens``) a minute, ``burst_s`` seconds' worth at once, 429 above them (with
+        ``Retry-After`` when given); with ``headers`` every answer and 429 carries OpenAI's
+        ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}``."""
+        self._state.rate_limit(
+            deployment, rpm, tpm, burst_s=burst_s, retry_after=retry_after, headers=headers
+        )
+
     def set_context_window(self, deployment: str, tokens: int | None) -> None:
         """Reject prompts estimated above ``tokens`` with the context-length 400 (None: off)."""
         self._state.set_context_window(deployment, tokens)

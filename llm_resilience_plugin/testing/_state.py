@@ -48,6 +48,8 @@ class MutableRecord:
     headers: dict[str, str]
     status: int | None = None
     finished_at: float | None = None
+    # Response headers the deployment's rate limit adds (x-ratelimit-*), when it states them.
+    limit_headers: dict[str, str] = field(default_factory=dict)
 
     def finish(self) -> None:
         """Stamp the finish time (once: later calls keep the first stamp)."""
@@ -72,18 +74,67 @@ class MutableRecord:
 @dataclass
 class _Bucket:
     rate: float
-    burst: int
+    burst: float
     retry_after: float | None
     tokens: float
     updated: float
 
-    def take(self, now: float) -> bool:
+    def refill(self, now: float) -> None:
         self.tokens = min(float(self.burst), self.tokens + (now - self.updated) * self.rate)
         self.updated = now
-        if self.tokens >= 1.0:
-            self.tokens -= 1.0
+
+    def take(self, now: float, cost: float = 1.0) -> bool:
+        self.refill(now)
+        if self.tokens >= min(cost, self.burst):
+            self.tokens -= cost
             return True
         return False
+
+    def reset_s(self) -> float:
+        """Seconds until the bucket is full again."""
+        return max(0.0, (self.burst - self.tokens) / self.rate)
+
+
+def _duration(seconds: float) -> str:
+    """An ``x-ratelimit-reset-*`` value the way OpenAI writes it: ``120ms``, ``1.5s``, ``6m0s``."""
+    if seconds < 1:
+        return f"{round(seconds * 1000)}ms"
+    if seconds < 60:
+        return f"{seconds:.3g}s"
+    return f"{int(seconds // 60)}m{int(seconds % 60)}s"
+
+
+@dataclass
+class _Limits:
+    """A deployment's rpm/tpm limits, enforced as token buckets, stated in OpenAI's headers."""
+
+    requests: _Bucket | None
+    tokens: _Bucket | None
+    retry_after: float | None
+    headers: bool
+
+    def admit(self, now: float, cost: float) -> bool:
+        for b in (self.requests, self.tokens):
+            if b is not None:
+                b.refill(now)
+        if self.requests is not None and self.requests.tokens < 1.0:
+            return False
+        if self.tokens is not None and self.tokens.tokens < min(cost, self.tokens.burst):
+            return False
+        if self.requests is not None:
+            self.requests.tokens -= 1.0
+        if self.tokens is not None:
+            self.tokens.tokens -= cost
+        return True
+
+    def header_values(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for name, b in (("requests", self.requests), ("tokens", self.tokens)):
+            if b is not None:
+                out[f"x-ratelimit-limit-{name}"] = str(int(b.burst))
+                out[f"x-ratelimit-remaining-{name}"] = str(max(0, int(b.tokens)))
+                out[f"x-ratelimit-reset-{name}"] = _duration(b.reset_s())
+        return out
 
 
 @dataclass
@@ -93,8 +144,15 @@ class _DeploymentState:
     outage_until: float = -math.inf
     outage_behavior: Behavior | None = None
     bucket: _Bucket | None = None
+    limits: _Limits | None = None
     context_window: int | None = None
     rngs: dict[Behavior, random.Random] = field(default_factory=dict)
+
+
+def _request_tokens(prompt_tokens: int, body: JSONDict | None) -> float:
+    """What a request counts against a token limit: its prompt and its ``max_tokens`` (16 if unset)."""
+    out = (body or {}).get("max_tokens") or (body or {}).get("max_completion_tokens")
+    return float(prompt_tokens) + (float(out) if isinstance(out, int) and out > 0 else 16.0)
 
 
 def check_deployment(deployment: str) -> str:
@@ -168,6 +226,39 @@ class SimulatorState:
                 updated=time.monotonic(),
             )
 
+    def rate_limit(
+        self,
+        deployment: str,
+        rpm: float | None = None,
+        tpm: float | None = None,
+        *,
+        burst_s: float = 1.0,
+        retry_after: float | None = None,
+        headers: bool = True,
+    ) -> None:
+        """Enforce ``rpm`` requests and ``tpm`` tokens (prompt + ``max_tokens``, else 16) a minute on
+        ``deployment`` as buckets holding ``burst_s`` seconds' worth; above them a 429 (with
+        ``Retry-After`` when given). ``headers``: every answer and 429 states the limits in
+        OpenAI's ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}``."""
+        check_deployment(deployment)
+        if rpm is None and tpm is None:
+            raise ValueError("rate_limit needs rpm, tpm or both")
+        burst_s = check_seconds("burst_s", burst_s)
+        if retry_after is not None:
+            retry_after = check_seconds("retry_after", retry_after)
+        now = time.monotonic()
+
+        def bucket(per_minute: float | None, name: str) -> _Bucket | None:
+            if per_minute is None:
+                return None
+            rate = check_seconds(name, per_minute) / 60.0
+            capacity = max(1.0, rate * burst_s)
+            return _Bucket(rate=rate, burst=capacity, retry_after=retry_after, tokens=capacity, updated=now)
+
+        with self._lock:
+            limits = _Limits(bucket(rpm, "rpm"), bucket(tpm, "tpm"), retry_after, headers)
+            self._state(deployment).limits = limits
+
     def set_context_window(self, deployment: str, tokens: int | None) -> None:
         """Reject prompts estimated above ``tokens`` with the context-length 400 (None: off)."""
         check_deployment(deployment)
@@ -228,12 +319,17 @@ class SimulatorState:
     ) -> tuple[Behavior, MutableRecord]:
         """Pick the behaviour for one chat request and log it, atomically."""
         with self._lock:
-            behavior, name = self._choose(deployment, prompt_tokens, started)
+            behavior, name = self._choose(deployment, prompt_tokens, started, body)
             record = MutableRecord(deployment, model, stream, started, name, body, headers)
+            limits = self._states[deployment].limits if deployment in self._states else None
+            if limits is not None and limits.headers:
+                record.limit_headers = limits.header_values()
             self._log.append(record)
         return behavior, record
 
-    def _choose(self, deployment: str, prompt_tokens: int, now: float) -> tuple[Behavior, str]:
+    def _choose(
+        self, deployment: str, prompt_tokens: int, now: float, body: JSONDict | None = None
+    ) -> tuple[Behavior, str]:
         """Pick the behaviour for one request (caller holds the lock)."""
         state = self._states.get(deployment)
         if state is None:
@@ -245,6 +341,8 @@ class SimulatorState:
         elif state.bucket is not None and not state.bucket.take(now):
             behavior = Fault.rate_limit(retry_after=state.bucket.retry_after)
             return behavior, "token_bucket:429"
+        elif state.limits is not None and not state.limits.admit(now, _request_tokens(prompt_tokens, body)):
+            return Fault.rate_limit(retry_after=state.limits.retry_after), "rate_limit:429"
         elif state.context_window is not None and prompt_tokens > state.context_window:
             return Fault.context_length(state.context_window), "context_window"
         elif state.queue:

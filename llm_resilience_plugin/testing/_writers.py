@@ -108,7 +108,7 @@ async def send_error_body(
     retry_after: float | str | None,
 ) -> web.StreamResponse:
     """Any dialect's JSON error ``payload`` with ``status`` and an optional ``Retry-After``."""
-    headers = {"x-simulator-deployment": deployment}
+    headers = {"x-simulator-deployment": deployment, **record.limit_headers}
     if retry_after is not None:
         headers["Retry-After"] = format_retry_after(retry_after)
     response = web.Response(
@@ -172,7 +172,7 @@ async def send_json(call: Call, body: JSONDict) -> web.StreamResponse:
         body=payload,
         content_type="application/json",
         charset="utf-8",
-        headers={"x-simulator-deployment": call.deployment},
+        headers={"x-simulator-deployment": call.deployment, **call.record.limit_headers},
     )
     call.record.status = 200
     call.record.finish()  # before the last byte, so the log is complete when the client sees it
@@ -231,6 +231,7 @@ async def send_events(
             "Content-Type": "text/event-stream",
             "Cache-Control": "no-cache",
             "x-simulator-deployment": call.deployment,
+            **call.record.limit_headers,
         },
     )
     if kind == "no_done":

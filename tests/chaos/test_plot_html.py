@@ -1,17 +1,27 @@
-"""The HTML report's timeline is interactive: every call, request and breaker band says what it is
-(built from a hand-made run: no simulator, no matplotlib needed)."""
+"""The chaos report: the HTML page's scorecard is a table and its timeline is interactive (every call,
+request and breaker band says what it is), small samples are marked, the plugin's losses get advice,
+a .png without matplotlib is refused before anything runs (hand-made runs: no simulator needed)."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
+import time
 from pathlib import Path
 
+import pytest
+
+from llm_resilience_plugin.errors import ConfigError
 from llm_resilience_plugin.testing._state import RequestRecord
 from llm_resilience_plugin.testing.chaos import CallResult, RunResult, scenario_from_mapping
-from llm_resilience_plugin.testing.chaos._plot import write_plot
+from llm_resilience_plugin.testing.chaos._command import run_chaos
+from llm_resilience_plugin.testing.chaos._metrics import Metrics, behind
+from llm_resilience_plugin.testing.chaos._plot import check_plot_path, write_plot
+from llm_resilience_plugin.testing.chaos._report import Row, render_table
 from llm_resilience_plugin.testing.chaos._svg import timeline_svg
 from llm_resilience_plugin.testing.chaos._target import simulated_target
 
+CONFIG = Path(__file__).with_name("router.yaml")
 MODEL_LIST = [
     {
         "model_name": "primary",
@@ -66,9 +76,52 @@ def test_every_mark_has_its_details_on_hover() -> None:
     assert len(tips) == 2 + 3 + 2
 
 
+def _metrics(calls: int, success: float, p99: float, upstream: float = 1.0) -> Metrics:
+    return Metrics(calls, success, p99 / 2, p99, upstream, 0, None, None, 0.0, {"Timeout": 1}, {"main": 1})
+
+
 def test_the_html_report_is_the_table_and_a_timeline_per_system(tmp_path: Path) -> None:
-    out = write_plot(str(tmp_path / "r.html"), [(_run("plugin"), _run("litellm"))], "| down | <x> |")
+    row = Row("down", "main <503>", True, _metrics(8, 0.5, 0.75), _metrics(8, 1.0, 0.5), ["tip <b>"])
+    out = write_plot(str(tmp_path / "r.html"), [(_run("plugin"), _run("litellm"))], [row])
     page = out.read_text()
     assert page.count("<svg") == 2 and "<figcaption>litellm</figcaption>" in page
-    assert "| down | &lt;x&gt; |" in page and "main &lt;503&gt;" in page  # escaped
+    assert "<table class='scorecard'>" in page and "| down |" not in page  # a table, not markdown pipes
+    assert "<td>down</td><td>plugin</td><td class='num'>8</td><td class='num'>50%</td>" in page
+    assert "<td class='num'>~0.75</td>" in page and "fewer than 20 calls" in page  # 8 calls: marked
+    assert "<li>tip &lt;b&gt;</li>" in page and "main &lt;503&gt;" in page  # escaped
     assert "data-tip=" in page and "getElementById('tip')" in page
+
+
+def test_the_text_table_marks_small_samples_only() -> None:
+    small = Row("s", "", True, _metrics(8, 1.0, 0.4), _metrics(8, 1.0, 0.4), [])
+    big = Row("b", "", True, _metrics(40, 1.0, 0.4), _metrics(40, 1.0, 0.4), [])
+    assert "| ~0.20 | ~0.40 |" in render_table([small]) and "fewer than 20 calls" in render_table([small])
+    assert "| 0.20 | 0.40 |" in render_table([big]) and "~" not in render_table([big])
+
+
+def test_an_advice_line_for_each_number_the_plugin_loses() -> None:
+    assert behind("x", _metrics(40, 1.0, 0.4), _metrics(40, 1.0, 0.4), min_sample=20) == []
+    lines = behind("x", _metrics(40, 0.9, 2.0, upstream=3.0), _metrics(40, 1.0, 0.5), min_sample=20)
+    assert [line.split(" on ", 1)[1].split(" (")[0] for line in lines] == [
+        "success",
+        "p99",
+        "upstream requests per call",
+    ]
+    assert "{'Timeout': 1}" in lines[0] and "resilience.attempt_timeout" in lines[1]
+    # The same latency gap on 8 calls is called inconclusive, not a loss.
+    (line,) = behind("x", _metrics(8, 1.0, 2.0), _metrics(8, 1.0, 0.5), min_sample=20)
+    assert "on 8 calls is inconclusive" in line
+
+
+def test_a_png_without_matplotlib_is_refused_before_any_scenario_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "matplotlib" else real(n, *a))
+    started = time.monotonic()
+    with pytest.raises(ConfigError, match="needs matplotlib") as err:
+        run_chaos(str(CONFIG), plot_path=str(tmp_path / "t.png"), out=lambda _: None)
+    assert err.value.field == "--plot" and time.monotonic() - started < 5  # no scenario ran
+    assert not (tmp_path / "t.png").exists()
+    with pytest.raises(ConfigError, match=r"expected a \.png or \.html"):
+        check_plot_path("t.svg")

@@ -72,6 +72,36 @@ def test_check_prints_the_litellm_version_and_its_capabilities(tmp_path, capsys)
     assert set(doc["litellm"]["capabilities"]) == set(_litellm.capabilities())
 
 
+def test_check_prints_each_deployments_rate_limit_and_its_source(tmp_path, capsys) -> None:
+    cfg = tmp_path / "router.yaml"
+    cfg.write_text(
+        textwrap.dedent(
+            """
+            model_list:
+              - model_name: primary
+                litellm_params: {model: openai/gpt-4o-mini, api_key: sk-x, rpm: 600, tpm: 100000}
+                model_info: {id: p1}
+              - model_name: primary
+                litellm_params: {model: openai/gpt-4o-mini, api_key: sk-x}
+                model_info: {id: p2}
+              - model_name: backup
+                litellm_params: {model: openai/gpt-4o, api_key: sk-y}
+                model_info: {id: b1}
+            resilience: {pacing: {limits: {backup: {rpm: 30}}}}
+            """
+        )
+    )
+    assert main(["check", str(cfg)]) == 0
+    out = capsys.readouterr().out
+    assert "rate limit: 600 rpm, 100000 tpm (litellm_params), paced at 95%" in out
+    assert "rate limit: no limit configured: learned from 429s and rate-limit headers" in out
+    assert "rate limit: 30 rpm (pacing.limits)" in out
+    assert main(["check", str(cfg), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    limits = {d["id"]: d["rate_limit"] for d in doc["groups"]["primary"]["deployments"]}
+    assert limits["p1"]["rpm"] == 600 and limits["p1"]["source"] == "litellm_params"
+
+
 def test_bad_arguments_are_clear(tmp_path, capsys) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text(

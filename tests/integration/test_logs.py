@@ -283,6 +283,7 @@ def test_json_formatter_merges_payload_and_extras_and_redacts():
         rec2 = logging.LogRecord("app", logging.ERROR, __file__, 1, "failed", (), sys.exc_info())
     out2 = json.loads(fmt.format(rec2))
     assert out2["exc_type"] == "ValueError" and "sk-***" in out2["exc_message"]
+    assert out2["event"] == "failed" and "message" not in out2  # no field that only repeats event
     assert "sk-abcdefghijklmnop" not in json.dumps(out2)
 
 

@@ -1,6 +1,8 @@
 """A 429 storm of our own making against the simulator's token buckets (issue #13, item 4): the
 overflow fails over at once instead of queueing behind a hold it caused, nothing is sent during a
-hold, and a retry that moves to the group's other, healthy deployment takes no backoff sleep."""
+hold, and a retry that moves to the group's other, healthy deployment takes no backoff sleep.
+
+The hold rules with ``pacing: {enabled: false}``; the paced default is in test_pacing.py."""
 
 from __future__ import annotations
 
@@ -17,7 +19,10 @@ async def test_a_storm_of_our_own_fails_over_at_once_and_never_sends_during_a_ho
     make_router: RouterFactory, sim
 ):
     router = make_router(
-        {"primary": ["a", "b"], "backup": ["c"]}, fallbacks=[{"primary": ["backup"]}], clock=Clock()
+        {"primary": ["a", "b"], "backup": ["c"]},
+        fallbacks=[{"primary": ["backup"]}],
+        clock=Clock(),
+        policy={"pacing": {"enabled": False}},
     )
     for dep in ("a", "b", "c"):
         sim.set_default(dep, Fault.ok(ttft=0.15))  # accepted requests still run when the 429s come

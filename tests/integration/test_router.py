@@ -71,7 +71,7 @@ async def test_retry_prefers_a_different_healthy_deployment(make_router: RouterF
 @pytest.mark.parametrize(
     ("fault", "error_class", "primary_requests"),
     [
-        (Fault.rate_limit(), ErrorClass.RATE_LIMIT, 3),  # 2 retries, then fail over
+        (Fault.rate_limit(), ErrorClass.RATE_LIMIT, 5),  # 4 paced retries, then fail over
         (Fault.server_error(500), ErrorClass.SERVER, 3),
         (Fault.server_error(502), ErrorClass.SERVER, 3),
         (Fault.server_error(503), ErrorClass.SERVER, 3),
@@ -178,7 +178,7 @@ async def test_retry_after_as_http_date_is_parsed(make_router: RouterFactory, si
     sim.script("a", Fault.rate_limit(retry_after=when))
     await router.acompletion(model="primary", messages=MSG)
     assert sim.count("a") == 2
-    assert clock.slept and 1.5 <= clock.slept[0] <= 3.5
+    assert clock.slept and 1.5 <= sum(clock.slept) <= 3.5  # the hold, waited out (in the pace)
 
 
 async def test_retry_after_beyond_deadline_fails_over_without_sleeping(make_router: RouterFactory, sim):
@@ -193,7 +193,7 @@ async def test_retry_after_beyond_deadline_fails_over_without_sleeping(make_rout
     t0 = time.monotonic()
     resp = await router.acompletion(model="primary", messages=MSG)
     assert time.monotonic() - t0 < 2
-    assert clock.slept == []
+    assert not any(clock.slept)  # nothing waited: the hold is longer than the deadline
     assert get_report(resp).served_group == "backup"  # type: ignore[union-attr]
     assert (sim.count("a"), sim.count("b")) == (1, 1)
 
@@ -677,7 +677,7 @@ async def test_long_retry_after_fails_over_when_a_fallback_exists(make_router: R
     sim.script("a", Fault.rate_limit(retry_after=8))  # longer than backoff.max_wait_with_fallback (3 s)
     resp = await router.acompletion(model="primary", messages=MSG)
     assert get_report(resp).served_group == "backup"  # type: ignore[union-attr]
-    assert clock.slept == [] and (sim.count("a"), sim.count("b")) == (1, 1)
+    assert not any(clock.slept) and (sim.count("a"), sim.count("b")) == (1, 1)
     # Configured to always wait: the same 429 is waited out on the preferred group.
     waiting = make_router(
         {"primary": ["a"], "backup": ["b"]},

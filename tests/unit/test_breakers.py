@@ -272,17 +272,32 @@ def test_a_success_brings_the_window_back_to_its_start():
     assert b.admit() is not None
 
 
-def test_rate_limits_open_the_breaker_only_at_their_own_threshold():
-    b, _now, _ = make(fail_max=3)
-    for _ in range(9):  # nine 429s in a row: the deployment is rate limited, not down
+def test_rate_limits_open_the_breaker_only_when_nothing_but_429s_came_for_a_minute():
+    b, now, _ = make(fail_max=3)
+    for _ in range(50):  # a 429 storm: the deployment is rate limited, not down
         b.record_rate_limited(b.admit())  # type: ignore[arg-type]
     assert b.state == "closed"
-    b.record_success(b.admit())  # type: ignore[arg-type]
+    now.t += 59  # 429s only, but not yet for rate_limit_open_after (60 s)
     for _ in range(9):
         b.record_rate_limited(b.admit())  # type: ignore[arg-type]
-    assert b.state == "closed"  # the success in between started the count again
+    assert b.state == "closed"
+    b.record_success(b.admit())  # type: ignore[arg-type]  # one answer: alive, the streak ends
+    now.t += 61
+    for _ in range(9):
+        b.record_rate_limited(b.admit())  # type: ignore[arg-type]
+    now.t += 61
     b.record_rate_limited(b.admit())  # type: ignore[arg-type]
-    assert b.state == "open"  # ten in a row: nothing but 429s, stop knocking
+    assert b.state == "open"  # ten in a row over a minute with no answer: an exhausted quota
+
+
+def test_429s_spread_over_a_long_time_with_answers_between_never_open():
+    b, now, _ = make(fail_max=3)
+    for _ in range(30):
+        for _ in range(20):
+            b.record_rate_limited(b.admit())  # type: ignore[arg-type]
+        now.t += 5
+        b.record_success(b.admit())  # type: ignore[arg-type]
+    assert b.state == "closed"
 
 
 def test_a_probe_interval_caps_the_growing_window_one_probe_at_a_time():

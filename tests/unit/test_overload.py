@@ -2,7 +2,10 @@
 refused several of our requests while answering others is our own load, so nobody queues for it
 and those already waiting are woken to fail over; a deployment refusing everything still keeps a
 call on the group asked for.
-And a retry that moves to another healthy deployment of the group takes no backoff sleep."""
+And a retry that moves to another healthy deployment of the group takes no backoff sleep.
+
+These are the Retry-After hold rules in force with ``pacing: {enabled: false}``; with pacing on
+(the default) a 429 goes to the deployment's pace (tests/unit/test_pacing.py)."""
 
 from __future__ import annotations
 
@@ -23,7 +26,13 @@ from llm_resilience_plugin._engine.holds import HoldQueue
 from llm_resilience_plugin._engine.overload import fresh_elsewhere, overloaded
 from llm_resilience_plugin._engine.retry import GroupRetryState, hold_sleep, hold_sleep_blocking
 from llm_resilience_plugin.errors import ErrorClass, Failure
-from tests.unit.test_engine_core import MSG, _call, _engine, _err
+from tests.unit.test_engine_core import MSG, _call, _err
+from tests.unit.test_engine_core import _engine as _paced_engine
+
+
+def _engine(scripts: dict[str, list[tuple[str, Any]]], **policy: Any) -> Any:
+    """An engine on the hold rules (pacing off)."""
+    return _paced_engine(scripts, pacing={"enabled": False}, **policy)
 
 
 def _refuse(engine: Engine, dep: str, seconds: float = 1.0, caller: str = "c1") -> None:

@@ -16,9 +16,10 @@ from typing import Any, TextIO
 from llm_resilience_plugin.errors import ConfigError
 from llm_resilience_plugin.policy import RouterSpec, config_problems, read_config
 from llm_resilience_plugin.testing._simulator import ProviderSimulator
-from llm_resilience_plugin.testing.chaos._metrics import advice, measure
-from llm_resilience_plugin.testing.chaos._plot import write_plot
+from llm_resilience_plugin.testing.chaos._metrics import advice, behind, measure
+from llm_resilience_plugin.testing.chaos._plot import check_plot_path, write_plot
 from llm_resilience_plugin.testing.chaos._report import (
+    MIN_SAMPLE,
     Row,
     chaos_settings,
     render_table,
@@ -173,8 +174,8 @@ def run_chaos(
         raise ConfigError("--scenario", "two scenarios share a name")
     if quick_run:
         scenarios = [quick(s) for s in scenarios]
-    if plot_path is not None and Path(plot_path).suffix.lower() not in (".png", ".html", ".htm"):
-        raise ConfigError("--plot", f"expected a .png or .html path, got {plot_path!r}")
+    if plot_path is not None:
+        check_plot_path(plot_path)  # a wrong suffix or a missing matplotlib, before any scenario runs
     progress = _Progress(sum(s.calls for s in scenarios) * len(SYSTEMS), err or sys.stderr)
     started = time.monotonic()
     with ProviderSimulator() as sim, contextlib.redirect_stdout(io.StringIO()):
@@ -187,7 +188,8 @@ def run_chaos(
     for plugin, plain in runs:
         pm, lm = measure(plugin, config.spec), measure(plain, config.spec)
         sc = plugin.scenario
-        rows.append(Row(sc.name, sc.description, sc.gate, pm, lm, advice(plugin, pm, config.spec)))
+        tips = advice(plugin, pm, config.spec) + behind(sc.name, pm, lm, min_sample=MIN_SAMPLE)
+        rows.append(Row(sc.name, sc.description, sc.gate, pm, lm, tips))
     failures = threshold_failures(rows, config.settings)
     table = render_table(rows)
     out(f"{config_path}: {len(rows)} scenario(s) on group {primary_group(config)!r}, {wall:.1f} s\n")
@@ -203,7 +205,7 @@ def run_chaos(
         )
         out(f"\nJSON: {json_path}")
     if plot_path is not None:
-        out(f"Plot: {write_plot(plot_path, runs, table)}")
+        out(f"Plot: {write_plot(plot_path, runs, rows)}")
     if failures:
         out("\nThresholds missed:")
         for line in failures:

@@ -14,7 +14,7 @@ from llm_resilience_plugin.testing._simulator import RequestRecord
 from llm_resilience_plugin.testing.chaos._run import RunResult, call_tag
 from llm_resilience_plugin.testing.chaos._target import Deployment
 
-__all__ = ["Metrics", "advice", "measure", "percentile", "request_failed", "served_by"]
+__all__ = ["Metrics", "advice", "behind", "measure", "percentile", "request_failed", "served_by"]
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -179,4 +179,50 @@ def advice(run: RunResult, m: Metrics, spec: RouterSpec) -> list[str]:
         out.append(f"{sc}: group {primary!r} has no fallbacks; a failure there reaches your callers")
     if sc.startswith("context") and m.success_rate < 1 and not spec.context_window_fallbacks.get(primary):
         out.append(f"{sc}: add context_window_fallbacks for {primary!r} (a group with a larger window)")
+    return out
+
+
+def behind(scenario: str, plugin: Metrics, plain: Metrics, *, min_sample: int) -> list[str]:
+    """One advice line for each number where the plugin does worse than the plain Router (a
+    latency gap on fewer than ``min_sample`` calls is called inconclusive, not a loss)."""
+    out: list[str] = []
+    small = min(plugin.calls, plain.calls) < min_sample
+    lead = f"{scenario}: behind the plain Router on"
+    if plugin.success_rate < plain.success_rate:
+        out.append(
+            f"{lead} success ({plugin.success_rate:.0%} vs {plain.success_rate:.0%}): the errors "
+            f"{dict(sorted(plugin.errors.items()))} say which class gave up; check that class's "
+            "action and max_retries, the deadline and the fallbacks (llm-resilience check prints them)"
+        )
+    if plugin.p99_s > 1.2 * plain.p99_s and plugin.p99_s - plain.p99_s > 0.05:
+        gap = f"p99 ({plugin.p99_s:.2f} s vs {plain.p99_s:.2f} s)"
+        if small:
+            out.append(
+                f"{scenario}: {gap} on {min(plugin.calls, plain.calls)} calls is inconclusive "
+                "(a scenario file with more calls tells)"
+            )
+        else:
+            out.append(
+                f"{lead} {gap}: the slow calls wait on attempt_timeout or backoff; lower "
+                "resilience.attempt_timeout, backoff.maximum, or turn on resilience.hedge"
+            )
+    if (
+        plugin.upstream_per_call > 1.1 * plain.upstream_per_call
+        and plugin.upstream_per_call - (plain.upstream_per_call) > 0.1
+    ):
+        out.append(
+            f"{lead} upstream requests per call ({plugin.upstream_per_call:.2f} vs "
+            f"{plain.upstream_per_call:.2f}): retries cost requests; lower the class's max_retries "
+            "or retry_budget.capacity"
+        )
+    if plugin.to_dead_route > max(plain.to_dead_route * 1.2, plain.to_dead_route + 2):
+        out.append(
+            f"{lead} requests to a dead route ({plugin.to_dead_route} vs {plain.to_dead_route}): "
+            "a lower breaker.fail_max opens the breaker sooner"
+        )
+    if plugin.spend > 1.05 * plain.spend and plugin.spend - plain.spend > 1e-6:
+        out.append(
+            f"{lead} spend (${plugin.spend:.6f} vs ${plain.spend:.6f}): more calls were answered by a "
+            "pricier fallback; order the fallbacks by price, or let the breaker reset sooner"
+        )
     return out

@@ -2,8 +2,9 @@
 (green answered, red failed), the plugin's breaker states as bands, and the calls' outcomes.
 
 matplotlib is optional (the ``notebooks`` extra): without it a ``.png`` is a clear error.
-``.html`` writes a page with the table and an interactive timeline per scenario (inline SVG from
-:mod:`._svg`: hover a call, a request or a breaker band for its details; no matplotlib needed),
+``.html`` writes a page with the scorecard (an HTML table), its advice and an interactive timeline
+per scenario (inline SVG from :mod:`._svg`: hover a call, a request or a breaker band for its
+details; no matplotlib needed),
 and the static figure below it when matplotlib is installed.
 """
 
@@ -11,16 +12,18 @@ from __future__ import annotations
 
 import base64
 import html
+import importlib.util
 import io
 from pathlib import Path
 from typing import Any
 
 from llm_resilience_plugin.errors import ConfigError
 from llm_resilience_plugin.testing.chaos._metrics import request_failed, served_by
+from llm_resilience_plugin.testing.chaos._report import Row, render_html_table
 from llm_resilience_plugin.testing.chaos._run import RunResult
 from llm_resilience_plugin.testing.chaos._svg import PAGE_SCRIPT, PAGE_STYLE, timeline_svg
 
-__all__ = ["write_plot"]
+__all__ = ["check_plot_path", "write_plot"]
 
 _STATE_COLOURS = {"open": "#f4a6a6", "half_open": "#f9d99a"}
 
@@ -69,6 +72,19 @@ def _axes_for(ax: Any, run: RunResult) -> None:
     ax.set_title(f"{run.scenario.name} - {run.system}", fontsize=8)
 
 
+_NEEDS_MATPLOTLIB = "a .png needs matplotlib (pip install matplotlib, or the notebooks extra); .html does not"
+
+
+def check_plot_path(path: str) -> None:
+    """Refuse a ``--plot`` path before anything runs: a suffix other than .png/.html, or a .png
+    without matplotlib installed."""
+    suffix = Path(path).suffix.lower()
+    if suffix not in (".png", ".html", ".htm"):
+        raise ConfigError("--plot", f"expected a .png or .html path, got {path!r}")
+    if suffix == ".png" and importlib.util.find_spec("matplotlib") is None:
+        raise ConfigError("--plot", _NEEDS_MATPLOTLIB)
+
+
 def _figure(runs: list[tuple[RunResult, RunResult]]) -> bytes:
     try:
         import matplotlib
@@ -76,9 +92,7 @@ def _figure(runs: list[tuple[RunResult, RunResult]]) -> bytes:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise ConfigError(
-            "--plot", "needs matplotlib (pip install matplotlib, or the notebooks extra)"
-        ) from None
+        raise ConfigError("--plot", _NEEDS_MATPLOTLIB) from None
     rows = max(1, len(runs))
     fig, axes = plt.subplots(rows, 2, figsize=(12, 1.9 * rows), squeeze=False, sharex="row")
     for i, (plugin, plain) in enumerate(runs):
@@ -93,24 +107,29 @@ def _figure(runs: list[tuple[RunResult, RunResult]]) -> bytes:
     return buffer.getvalue()
 
 
-def write_plot(path: str, runs: list[tuple[RunResult, RunResult]], table: str) -> Path:
-    """Write the timeline to ``path`` (``.png``, or ``.html`` with the table); returns the path."""
+def write_plot(path: str, runs: list[tuple[RunResult, RunResult]], rows: list[Row]) -> Path:
+    """Write the timeline to ``path`` (``.png``, or ``.html`` with the scorecard as a table and
+    its advice); returns the path."""
+    check_plot_path(path)
     out = Path(path)
-    if out.suffix.lower() not in (".png", ".html", ".htm"):
-        raise ConfigError("--plot", f"expected a .png or .html path, got {path!r}")
     if out.suffix.lower() == ".png":
         out.write_bytes(_figure(runs))
         return out
-    out.write_text(_page(runs, table))
+    out.write_text(_page(runs, rows))
     return out
 
 
-def _page(runs: list[tuple[RunResult, RunResult]], table: str) -> str:
-    """The HTML report: the table, the interactive timelines, the static figure if available."""
+def _page(runs: list[tuple[RunResult, RunResult]], rows: list[Row]) -> str:
+    """The HTML report: the table, the advice, the interactive timelines, the static figure if
+    available."""
+    tips = [tip for row in rows for tip in row.advice]
+    advice = (
+        "<h2>Advice</h2><ul>" + "".join(f"<li>{html.escape(t)}</li>" for t in tips) + "</ul>" if tips else ""
+    )
     parts = [
         "<!doctype html><meta charset='utf-8'><title>llm-resilience chaos</title>",
         f"<style>{PAGE_STYLE}</style>",
-        f"<h1>llm-resilience chaos</h1><pre>{html.escape(table)}</pre>",
+        f"<h1>llm-resilience chaos</h1>{render_html_table(rows)}{advice}",
         "<p class='legend'>Hover any mark for its details.",
         "<span style='background:#2e8b57'></span>answered <span style='background:#c0392b'></span>failed",
         "<span style='background:#f4a6a6'></span>breaker open",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -11,7 +12,18 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from llm_resilience_plugin.errors import ConfigError
 from llm_resilience_plugin.testing.chaos._metrics import Metrics
 
-__all__ = ["ChaosSettings", "Row", "chaos_settings", "render_table", "threshold_failures", "to_json"]
+__all__ = [
+    "MIN_SAMPLE",
+    "ChaosSettings",
+    "Row",
+    "chaos_settings",
+    "render_html_table",
+    "render_table",
+    "threshold_failures",
+    "to_json",
+]
+
+MIN_SAMPLE = 20  # calls below which a run's p50/p99 are one or two calls' latency, not a percentile
 
 
 class ChaosSettings(BaseModel):
@@ -82,20 +94,59 @@ def _recover(m: Metrics) -> str:
     return f"{m.recover_s:.1f}"
 
 
-def render_table(rows: list[Row]) -> str:
-    """The side-by-side table (Markdown): one line per scenario and system."""
-    head = ["scenario", "system", "calls", "success", "p50 s", "p99 s", "upstream/call",
-            "to dead route", "recover s", "spend $"]  # fmt: skip
-    lines = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
+HEADINGS = ("scenario", "system", "calls", "success", "p50 s", "p99 s", "upstream/call",
+            "to dead route", "recover s", "spend $")  # fmt: skip
+SMALL_SAMPLE_NOTE = (
+    f"~ fewer than {MIN_SAMPLE} calls: p50/p99 are single calls' latencies, not a percentile "
+    "(inconclusive; a scenario file with more calls gives a real one)"
+)
+
+
+def _latency(value: float, m: Metrics) -> str:
+    return f"~{value:.2f}" if m.calls < MIN_SAMPLE else f"{value:.2f}"
+
+
+def _cells(rows: list[Row]) -> list[list[str]]:
+    """The table's cells, one list per scenario and system (the text and HTML tables share them)."""
+    out = []
     for row in rows:
         for system, m in (("plugin", row.plugin), ("litellm", row.litellm)):
-            cells = [
+            out.append([
                 row.scenario if system == "plugin" else "", system, str(m.calls), f"{m.success_rate:.0%}",
-                f"{m.p50_s:.2f}", f"{m.p99_s:.2f}", f"{m.upstream_per_call:.2f}", str(m.to_dead_route),
-                _recover(m), f"{m.spend:.6f}",
-            ]  # fmt: skip
-            lines.append("| " + " | ".join(cells) + " |")
+                _latency(m.p50_s, m), _latency(m.p99_s, m), f"{m.upstream_per_call:.2f}",
+                str(m.to_dead_route), _recover(m), f"{m.spend:.6f}",
+            ])  # fmt: skip
+    return out
+
+
+def _small(rows: list[Row]) -> bool:
+    return any(m.calls < MIN_SAMPLE for r in rows for m in (r.plugin, r.litellm))
+
+
+def render_table(rows: list[Row]) -> str:
+    """The side-by-side table (Markdown): one line per scenario and system, and a note when a
+    run's sample is too small for its percentiles to mean much."""
+    lines = ["| " + " | ".join(HEADINGS) + " |", "|---|---|" + "---:|" * (len(HEADINGS) - 2)]
+    lines += ["| " + " | ".join(cells) + " |" for cells in _cells(rows)]
+    if _small(rows):
+        lines.append(f"\n{SMALL_SAMPLE_NOTE}")
     return "\n".join(lines)
+
+
+def render_html_table(rows: list[Row]) -> str:
+    """The same table as an HTML ``<table>`` (for the ``--plot x.html`` report)."""
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in HEADINGS)
+    body = []
+    for cells in _cells(rows):
+        tds = "".join(
+            f"<td>{html.escape(c)}</td>" if i < 2 else f"<td class='num'>{html.escape(c)}</td>"
+            for i, c in enumerate(cells)
+        )
+        body.append(f"<tr class='{'first' if cells[0] else 'second'}'>{tds}</tr>")
+    note = f"<p class='note'>{html.escape(SMALL_SAMPLE_NOTE)}</p>" if _small(rows) else ""
+    return (
+        f"<table class='scorecard'><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>{note}"
+    )
 
 
 def to_json(

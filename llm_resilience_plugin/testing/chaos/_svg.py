@@ -36,6 +36,10 @@ svg [data-tip]{cursor:crosshair}svg [data-tip]:hover{stroke:#000;stroke-width:1}
 #tip{position:sticky;bottom:0;background:#fffbe6;border-top:1px solid #ccc;padding:.4em;
 min-height:1.3em;font-size:13px}
 .legend span{display:inline-block;width:.9em;height:.9em;margin:0 .3em 0 1em;vertical-align:middle}
+table.scorecard{border-collapse:collapse;font-size:13px}
+.scorecard th,.scorecard td{padding:.2em .6em;border-bottom:1px solid #ddd;text-align:left}
+.scorecard td.num{text-align:right;font-variant-numeric:tabular-nums}
+.scorecard tr.first td{border-top:1px solid #999}.note{font-size:12px;color:#555}
 """
 
 PAGE_SCRIPT = """

@@ -1,0 +1,225 @@
+"""How a pace learns a deployment's limit from the provider: its rate-limit headers when it sends
+them, else its 429s - the first pace from what it accepted before refusing, then additive increase
+and multiplicative decrease (AWS SDK adaptive retry's shape) - and forgets it after a quiet minute.
+The mixin of :class:`._engine.pacing.Pace`; every attribute is the pace's own."""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import deque
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from llm_resilience_plugin._engine.clock import Clock
+from llm_resilience_plugin._engine.limits import RATE_LIMIT_KEYS, Limits, header_limits
+
+if TYPE_CHECKING:
+    from llm_resilience_plugin._engine.pacing import Grant
+
+# AIMD when the limit is learned from 429s alone (AWS SDK adaptive retry uses beta = 0.7).
+DECREASE = 0.7
+# Additive increase per second without a 429 while the pace binds: this share of the rate, at least
+# one request a second.
+INCREASE_SHARE = 0.05
+# A 429 without Retry-After from a deployment whose limit is unknown holds it this long (seconds),
+# and the requests it accepted in this window before the first refusal set its first pace.
+LEARN_WINDOW = 1.0
+# A learned limit is dropped after this long without a 429 and without the pace binding.
+FORGET_AFTER = 60.0
+
+
+class PaceLearning:
+    """Learning a deployment's limit (the :class:`~._engine.pacing.Pace` mixin; its state)."""
+
+    clock: Clock
+    learn: bool
+    headroom: float
+    configured: Limits | None
+    limits: Limits
+    lock: threading.Lock
+    sends: deque[tuple[float, bool]]
+    waiting: list[Any]
+    _level: float
+    _tlevel: float
+    _updated: float
+    _hold_until: float
+    _last_429: float
+    _last_decrease: float
+    _last_increase: float
+    last_bound: float
+    _learned_from: tuple[float, float] | None
+    _ss_over: bool
+    _ss_acks: int
+    refused: int
+
+    @property
+    def limited(self) -> bool:
+        raise NotImplementedError
+
+    pending_learn: tuple[float, float] | None = None
+    _learned_at = 0.0
+    rate_at_429 = math.inf  # the pace a 429 last lowered (the increase slows near it)
+
+    def answered_at(self, sent_at: float) -> None:
+        """A request sent at ``sent_at`` (monotonic) was accepted: the first pace counts these
+        (one that ends after the pace was set raises it to what was really accepted)."""
+        self.sends.append((sent_at, False))
+        if not self._ss_over:
+            self._ss_acks += 1
+        learned = self._learned_from
+        if learned is not None and learned[0] - LEARN_WINDOW <= sent_at <= learned[0]:
+            with self.lock:
+                at, hold = learned
+                lim = self.limits
+                if lim.source != "learned" or lim.requests_per_s is None:
+                    return
+                accepted = sum(1 for t, refused in self.sends if at - LEARN_WINDOW <= t <= at and not refused)
+                if accepted / hold > lim.requests_per_s and self._last_decrease <= self._learned_at:
+                    lim.requests_per_s = accepted / hold
+                    lim.request_burst = max(lim.request_burst, min(float(accepted), lim.requests_per_s))
+
+    def wants_headers(self, headers: Mapping[str, Any] | None) -> bool:
+        """Are an answer's rate-limit headers worth adopting: this deployment is paced already,
+        or they say less than a tenth of its limit is left (pace before the first 429)?"""
+        if not headers or not self.learn or not any(k in headers for k in RATE_LIMIT_KEYS):
+            return False  # most answers: no limit stated at all
+        if self.limited:
+            return True
+        req, tok = header_limits(headers)
+        return any(h is not None and h.limit > 0 and h.remaining < 0.1 * h.limit for h in (req, tok))
+
+    def on_rate_limited(
+        self,
+        retry_after: float | None,
+        headers: Mapping[str, Any] | None,
+        latency: float = 0.0,
+        grant: Grant | None = None,
+    ) -> None:
+        """A 429 for a request sent ``latency`` seconds ago: hold for its Retry-After, and set or
+        lower the pace (from its headers, else additive-increase/multiplicative-decrease)."""
+        now = self.clock.monotonic()
+        with self.lock:
+            self.refused += 1
+            self._ss_over = True  # the limit is found: the pace takes over from slow start
+            self.sends.append((now - latency, True))
+            self._last_429 = now
+            if grant is not None and grant.tokens and self.limits.tokens_per_s is not None:
+                self._tlevel = min(self.limits.token_burst, self._tlevel + grant.tokens)  # not counted
+            hold = retry_after
+            adopted = self.adopt_headers(headers, now) if headers else False
+            lim = self.limits
+            if not adopted and self.learn:
+                if lim.requests_per_s is None:
+                    if self.pending_learn is None:
+                        # The first pace: what the deployment accepted in the window before this
+                        # refusal, counted when the hold ends (once the wave's refusals are in).
+                        self.pending_learn = (now - latency, max(hold or LEARN_WINDOW, LEARN_WINDOW))
+                    lim.source = "learned"
+                    if hold is None:
+                        hold = LEARN_WINDOW
+                elif (self.waiting or self._level < 1.0) and now - self._last_decrease >= min(
+                    1.0, 1.0 / lim.requests_per_s
+                ):  # only a 429 met while sending at the pace lowers it (not a stray one)
+                    self.rate_at_429 = lim.requests_per_s
+                    lim.requests_per_s = max(1.0 / 60.0, lim.requests_per_s * DECREASE)
+                    self._last_decrease = now
+            if hold is None and lim.requests_per_s:
+                hold = 1.0 / lim.requests_per_s
+            if hold:
+                self._hold_until = max(self._hold_until, now + hold)
+            self._level = min(self._level, 0.0)
+            self._last_increase = now
+
+    def settle_learning(self) -> None:
+        """Turn a pending first estimate into a pace once its hold has ended."""
+        if self.pending_learn is None:
+            return
+        with self.lock:
+            self.settle_locked(self.clock.monotonic())
+
+    def settle_locked(self, now: float) -> None:
+        """:meth:`settle_learning` with the lock held: the first pace is the requests the
+        deployment accepted in the window before its first refusal, over the hold it asked for."""
+        pending = self.pending_learn
+        if pending is None or now < self._hold_until:
+            return
+        at, hold = pending
+        self.pending_learn = None
+        lim = self.limits
+        if lim.requests_per_s is not None:
+            return
+        start = at - LEARN_WINDOW
+        accepted = sum(1 for t, refused in self.sends if start <= t <= at and not refused)
+        lim.requests_per_s = max(1.0 / 60.0, accepted / hold) if accepted else 1.0 / hold
+        self.rate_at_429 = lim.requests_per_s  # what it accepted is as high as it is known to go
+        lim.request_burst = max(1.0, min(float(accepted), lim.requests_per_s))
+        self._level = lim.request_burst  # the provider refilled while it held us off
+        self._learned_from, self._learned_at = pending, now
+        self._updated = now
+        self._last_increase = now
+        self._last_decrease = now
+
+    def adopt_headers(self, headers: Mapping[str, Any], now: float, since: int = 0) -> bool:
+        """Set the limits the provider's headers state (configured limits cap them); lock held."""
+        if not self.learn and self.configured is None:
+            return False
+        req, tok = header_limits(headers)
+        if req is None and tok is None:
+            return False
+        lim = self.limits
+        cfg = self.configured
+        changed = False
+        if req is not None:
+            rate = req.rate()
+            if rate is not None and self.learn:
+                if cfg is not None and cfg.requests_per_s:
+                    rate = min(rate, cfg.requests_per_s)
+                rate *= self.headroom
+                if lim.source == "headers" and lim.requests_per_s:  # readings are noisy: smooth them
+                    rate = 0.5 * (lim.requests_per_s + rate)
+                lim.requests_per_s = rate
+                lim.request_burst = max(1.0, req.limit)
+                changed = True
+            if lim.requests_per_s is not None:
+                # ``since``: slots granted after that request went out, not yet in its count.
+                self._level = min(self._level, req.remaining - since)
+        if tok is not None:
+            rate = tok.rate()
+            if rate is not None and self.learn:
+                if cfg is not None and cfg.tokens_per_s:
+                    rate = min(rate, cfg.tokens_per_s)
+                rate *= self.headroom
+                if lim.source == "headers" and lim.tokens_per_s:
+                    rate = 0.5 * (lim.tokens_per_s + rate)
+                lim.tokens_per_s = rate
+                lim.token_burst = max(1.0, tok.limit)
+                changed = True
+            if lim.tokens_per_s is not None:
+                self._tlevel = min(self._tlevel, tok.remaining)
+        if changed and lim.source != "config":
+            lim.source = "headers"
+        self.pending_learn = None
+        return changed
+
+    def forget_if_idle(self) -> None:
+        """Drop a learned limit after a quiet minute (no 429, the pace not binding)."""
+        lim = self.limits
+        if lim.source not in ("learned", "headers") or self.waiting:
+            return
+        now = self.clock.monotonic()
+        if now - self._last_429 > FORGET_AFTER and now - self.last_bound > FORGET_AFTER:
+            with self.lock:
+                if self.waiting:
+                    return
+                if self.configured is not None:
+                    c = self.configured
+                    self.limits = Limits(
+                        c.requests_per_s * self.headroom if c.requests_per_s else None,
+                        c.request_burst,
+                        c.tokens_per_s * self.headroom if c.tokens_per_s else None,
+                        c.token_burst,
+                        "config",
+                    )
+                else:
+                    self.limits = Limits()

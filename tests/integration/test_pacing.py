@@ -1,0 +1,223 @@
+"""Pacing over real HTTP against the simulator's rate limits: a 429 storm on one deployment is paced
+to zero failed calls, a configured rpm sends no request the provider refuses, header-stated limits
+are adopted, a fallback with headroom takes the overflow, the typed error says how long it would
+have waited, tiers go first, and blocking callers on many threads are paced too."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import litellm
+import pytest
+
+from llm_resilience_plugin import get_report
+from llm_resilience_plugin._engine.clock import Clock
+from llm_resilience_plugin.errors import RateLimitWaitError
+from llm_resilience_plugin.events import Paced
+from tests.conftest import MSG, RouterFactory
+
+
+def _refused(sim, dep: str, since: int = 0) -> int:
+    return sum(1 for r in sim.requests(dep)[since:] if r.status == 429)
+
+
+@pytest.mark.parametrize("retry_after", [1.0, None])
+async def test_a_429_storm_on_one_deployment_fails_no_call(make_router: RouterFactory, sim, retry_after):
+    router = make_router({"primary": ["a"]}, policy={"deadline": 30}, clock=Clock())
+    await router.acompletion(model="primary", messages=MSG)  # warm
+    sim.token_bucket("a", rate=40, burst=40, retry_after=retry_after)  # 40 requests/s
+    before = sim.count("a")
+    results = await asyncio.gather(*(router.acompletion(model="primary", messages=MSG) for _ in range(120)))
+    reports = [get_report(r) for r in results]
+    assert all(r is not None and r.outcome == "success" for r in reports)
+    sent = sim.count("a") - before
+    assert sent / 120 <= 2.0  # paced, not hammered
+    assert router.breakers()["a"]["state"] == "closed"  # 429s never open a breaker of a live deployment
+    assert sum(r.paced for r in reports if r) > 0  # the overflow waited for its slot
+
+
+async def test_a_configured_rpm_sends_nothing_the_provider_refuses(make_router: RouterFactory, sim):
+    router = make_router(
+        {"primary": ["a"]},
+        policy={"deadline": 30, "pacing": {"limits": {"primary": {"rpm": 1800}}}},
+        clock=Clock(),
+    )  # 30/s
+    sim.rate_limit("a", rpm=2400, headers=False)  # the provider allows 40/s
+    results = await asyncio.gather(*(router.acompletion(model="primary", messages=MSG) for _ in range(60)))
+    assert all(get_report(r).outcome == "success" for r in results)  # type: ignore[union-attr]
+    assert _refused(sim, "a") == 0
+    assert sim.count("a") == 60
+    pace = router.engine.paces["a"].snapshot()
+    assert pace["source"] == "config" and pace["rpm"] == pytest.approx(1800 * 0.95)
+
+
+async def test_the_limits_the_provider_states_in_its_headers_are_adopted(make_router: RouterFactory, sim):
+    router = make_router({"primary": ["a"]}, policy={"deadline": 30}, clock=Clock())
+    await router.acompletion(model="primary", messages=MSG)
+    sim.rate_limit("a", rpm=1800)  # 30/s, stated in x-ratelimit-* on every answer
+    results = await asyncio.gather(*(router.acompletion(model="primary", messages=MSG) for _ in range(90)))
+    assert all(get_report(r).outcome == "success" for r in results)  # type: ignore[union-attr]
+    snap = router.engine.paces["a"].snapshot()
+    assert snap["source"] == "headers"
+    assert 0 < snap["rpm"] <= 1800
+    assert sim.count("a") / 90 <= 1.6
+
+
+async def test_a_fallback_with_headroom_takes_what_would_wait_too_long(make_router: RouterFactory, sim):
+    router = make_router(
+        {"primary": ["a"], "backup": ["b"]},
+        fallbacks=[{"primary": ["backup"]}],
+        # 2/s on the primary: its queue outgrows 0.3 s at once; the backup has no known limit
+        policy={
+            "deadline": 20,
+            "backoff": {"max_wait_with_fallback": 0.3},
+            "pacing": {"limits": {"primary": {"rpm": 120}}},
+        },
+        clock=Clock(),
+    )
+    results = await asyncio.gather(*(router.acompletion(model="primary", messages=MSG) for _ in range(20)))
+    reports = [get_report(r) for r in results]
+    assert all(r is not None and r.outcome == "success" for r in reports)
+    assert sum(1 for r in reports if r and r.served_group == "backup") >= 15
+    assert _refused(sim, "a") == 0 and _refused(sim, "b") == 0
+
+
+async def test_a_wait_that_does_not_fit_the_deadline_is_a_typed_error_sending_nothing(
+    make_router: RouterFactory, sim
+):
+    router = make_router(
+        {"primary": ["a"]},
+        policy={"deadline": 1.0, "pacing": {"limits": {"primary": {"rpm": 60}}}},
+        clock=Clock(),
+    )  # 1/s
+    outcomes = await asyncio.gather(
+        *(router.acompletion(model="primary", messages=MSG) for _ in range(4)), return_exceptions=True
+    )
+    errors = [o for o in outcomes if isinstance(o, BaseException)]
+    assert len(errors) == 3 and sim.count("a") == 1  # one slot in the second: the rest sent nothing
+    for err in errors:
+        assert isinstance(err, RateLimitWaitError) and err.wait_s > 0.5
+        assert isinstance(err, litellm.RateLimitError)  # drop-in: caught as a plain Router's 429
+        assert "would have waited" in str(err)
+        report = get_report(err)
+        assert report is not None and report.upstream_requests == 0
+
+
+async def test_higher_tiers_get_their_slots_first(make_router: RouterFactory, sim):
+    router = make_router(
+        {"primary": ["a"]},
+        policy={"deadline": 30, "pacing": {"limits": {"primary": {"rpm": 600}}}},
+        clock=Clock(),
+    )  # 10/s
+    done: list[str] = []
+
+    async def call(priority: str) -> None:
+        await router.acompletion(model="primary", messages=MSG, priority=priority)
+        done.append(priority)
+
+    low = [asyncio.ensure_future(call("P3")) for _ in range(20)]  # fills the bucket and the queue
+    await asyncio.sleep(0.05)
+    high = [asyncio.ensure_future(call("P0")) for _ in range(3)]
+    await asyncio.gather(*low, *high)
+    first_p0 = min(i for i, p in enumerate(done) if p == "P0")
+    last_p0 = max(i for i, p in enumerate(done) if p == "P0")
+    assert last_p0 < 16  # ahead of the P3s still queued when they came
+    assert first_p0 >= 1
+
+
+def test_blocking_calls_from_many_threads_are_paced_too(make_router: RouterFactory, sim):
+    router = make_router(
+        {"primary": ["a"]},
+        policy={"deadline": 30, "pacing": {"limits": {"primary": {"rpm": 1200}}}},
+        clock=Clock(),
+    )  # 20/s
+    sim.rate_limit("a", rpm=1800, headers=False)
+    outcomes: list[object] = []
+    lock = threading.Lock()
+
+    def worker() -> None:
+        for _ in range(5):
+            try:
+                resp = router.completion(model="primary", messages=MSG)
+                out: object = get_report(resp).outcome  # type: ignore[union-attr]
+            except Exception as exc:
+                out = exc
+            with lock:
+                outcomes.append(out)
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert outcomes == ["success"] * 40
+    assert _refused(sim, "a") == 0
+    assert time.monotonic() - t0 >= 1.0  # 40 calls at 20/s after a burst of 20: paced
+
+
+async def test_each_wait_is_in_the_report_and_an_event(make_router: RouterFactory, sim):
+    router = make_router(
+        {"primary": ["a"]},
+        policy={"deadline": 30, "pacing": {"limits": {"primary": {"rpm": 600}}}},
+        clock=Clock(),
+    )
+    seen: list[Paced] = []
+    router.subscribe(lambda e: seen.append(e) if isinstance(e, Paced) else None)
+    results = await asyncio.gather(*(router.acompletion(model="primary", messages=MSG) for _ in range(15)))
+    reports = [get_report(r) for r in results]
+    waited = [r for r in reports if r and r.paced]
+    assert waited and all(r.queued_s > 0 for r in waited)
+    assert len(seen) == sum(r.paced for r in waited)
+    assert all(e.deployment_id == "a" and e.waited_s > 0 for e in seen)
+    assert reports[0] is not None and "queued_s" in reports[0].to_dict()
+
+
+async def test_pacing_off_keeps_the_hold_rules(make_router: RouterFactory, sim):
+    router = make_router(
+        {"primary": ["a"]}, policy={"pacing": {"enabled": False, "limits": {"a": {"rpm": 60}}}}, clock=Clock()
+    )
+    results = await asyncio.gather(*(router.acompletion(model="primary", messages=MSG) for _ in range(5)))
+    assert all(get_report(r).paced == 0 for r in results)  # type: ignore[union-attr]
+    assert sim.count("a") == 5  # nothing paced
+
+
+async def test_a_healthy_router_never_asks_for_admission_once_warm(make_router: RouterFactory, sim):
+    router = make_router({"primary": ["a", "b"]}, clock=Clock())
+    for _ in range(3):  # a first window answered by each deployment ends its slow start
+        await asyncio.gather(*(router.acompletion(model="primary", messages=MSG) for _ in range(40)))
+    await router.acompletion(model="primary", messages=MSG)
+    assert not router.engine.paces.on  # past slow start, nothing limited: the fast path
+    results = await asyncio.gather(*(router.acompletion(model="primary", messages=MSG) for _ in range(50)))
+    assert all(get_report(r).paced == 0 for r in results)  # type: ignore[union-attr]
+
+
+async def test_prometheus_shows_queue_limit_grants_and_waits_by_tier(make_router: RouterFactory, sim):
+    pytest.importorskip("prometheus_client")
+    from prometheus_client import CollectorRegistry
+
+    from llm_resilience_plugin.observability import instrument
+
+    router = make_router(
+        {"primary": ["a"]},
+        policy={"deadline": 30, "pacing": {"limits": {"primary": {"rpm": 600}}}},
+        clock=Clock(),
+    )
+    registry = CollectorRegistry()
+    detach = instrument(router, otel="off", registry=registry)
+    try:
+        await asyncio.gather(
+            *(router.acompletion(model="primary", messages=MSG, priority="P2") for _ in range(15))
+        )
+        labels = {"group": "primary", "deployment": "a"}
+        assert registry.get_sample_value("llm_resilience_pacing_limit_rpm", labels) == pytest.approx(570)
+        assert registry.get_sample_value("llm_resilience_pacing_granted_total", labels) == 15
+        assert registry.get_sample_value("llm_resilience_pacing_queued", labels) == 0
+        waits = registry.get_sample_value(
+            "llm_resilience_pacing_wait_seconds_count", {**labels, "priority": "P2"}
+        )
+        assert waits is not None and waits >= 4  # the calls past the burst of 10 waited
+    finally:
+        detach()

@@ -1,0 +1,91 @@
+"""A deployment's rate limit shared by the fleet on a real redis-server: two workers (two
+independent RedisSharedState views) together take no more slots than the limit; the tokens are
+shared too; while Redis is away a worker paces at its share, or sends nothing when fail-closed."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+pytest.importorskip("redis")
+
+from llm_resilience_plugin._engine.clock import Clock
+from llm_resilience_plugin._engine.limits import Limits
+from llm_resilience_plugin._engine.pacing import Pace
+from llm_resilience_plugin.shared_state import RedisSharedState
+from tests.redis.redis_server import RedisServer, redis_server_fixture  # noqa: F401
+
+FAST = {"sync_interval": 0.05, "retry_interval": 0.2}
+
+
+@pytest.fixture
+def two_workers(redis_server: RedisServer) -> Iterator[tuple[RedisSharedState, RedisSharedState]]:
+    ns = f"p-{uuid.uuid4().hex[:8]}"
+    a = RedisSharedState(redis_server.url, {**FAST, "namespace": ns})
+    b = RedisSharedState(redis_server.url, {**FAST, "namespace": ns})
+    yield a, b
+    a.close()
+    b.close()
+
+
+def _pace(shared: RedisSharedState, limits: Limits, *, fail_closed: bool = False) -> Pace:
+    return Pace(
+        "d",
+        Clock(),
+        configured=limits,
+        headroom=1.0,
+        shared=shared.pace("r", "d", fail_closed=fail_closed),
+        fail_closed=fail_closed,
+    )
+
+
+def _take_for(pace: Pace, seconds: float, tokens: float = 0.0) -> int:
+    """How many slots one worker takes in ``seconds``, asking as fast as it can."""
+    n, end = 0, time.monotonic() + seconds
+    while time.monotonic() < end:
+        if pace.try_take(tokens):
+            n += 1
+        else:
+            time.sleep(0.002)
+    return n
+
+
+def test_two_workers_together_stay_within_one_limit(two_workers):
+    a, b = two_workers
+    limits = Limits(20.0, 2.0, None, 0.0, "config")  # 20/s for the fleet, 2 at once
+    pa, pb = _pace(a, limits), _pace(b, limits)
+    counts: list[int] = []
+    threads = [threading.Thread(target=lambda p=p: counts.append(_take_for(p, 1.0))) for p in (pa, pb)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    total = sum(counts)
+    assert 15 <= total <= 24  # the fleet's 20/s (+ its burst), not 2 x 20
+    assert all(c > 0 for c in counts)  # both workers got slots
+
+
+def test_tokens_are_shared_and_refunds_reach_the_fleet(two_workers):
+    a, b = two_workers
+    limits = Limits(None, 1.0, 100.0, 100.0, "config")  # 100 tokens/s, 100 at once
+    pa, pb = _pace(a, limits), _pace(b, limits)
+    assert pa.try_take(80)
+    pa.on_answer(None, 80, 10)  # it used 10: 70 back to the fleet
+    assert pb.try_take(80)  # 20 left + 70 refunded: fits (without the refund it would not)
+    assert not pa.try_take(80)  # the other worker sees what pb took
+
+
+def test_redis_away_paces_at_a_local_share_or_fails_closed(two_workers):
+    a, _ = two_workers
+    limits = Limits(10.0, 1.0, None, 0.0, "config")
+    shared_pace = _pace(a, limits)
+    closed = _pace(a, limits, fail_closed=True)
+    assert shared_pace.try_take()
+    a.mark_down(ConnectionError("gone"))  # Redis unreachable for retry_interval
+    time.sleep(0.15)
+    assert shared_pace.try_take()  # its local share goes on
+    assert not closed.try_take()  # fail-closed: nothing sent while the fleet's count is unknown
