@@ -243,6 +243,30 @@ def stream_timeouts_line(p: Mapping[str, Any]) -> str:
     return text
 
 
+def _litellm_section() -> dict[str, Any]:
+    """The installed LiteLLM, the supported range and which internal capabilities it has."""
+    from llm_resilience_plugin import _litellm
+
+    found = _litellm.internals()
+    return {
+        "version": found.version,
+        "supported": _litellm.SUPPORTED,
+        "capabilities": {
+            c.name: {"available": c.available, "missing": c.missing, "instead": c.instead}
+            for c in found.capabilities.values()
+        },
+    }
+
+
+def _print_litellm(section: Mapping[str, Any]) -> None:
+    print(f"\n[litellm] {section['version']} (supported litellm{section['supported']})")
+    for name, c in section["capabilities"].items():
+        if c["available"]:
+            print(f"  {name}: yes")
+        else:
+            print(f"  {name}: no ({c['missing']}; {c['instead']})")
+
+
 def _print_policy(path: str, spec: Any, out: dict[str, Any]) -> None:
     print(f"{path}: OK ({len(spec.model_list)} deployments, {len(spec.groups)} model groups)")
     for group, g in out["groups"].items():
@@ -266,6 +290,8 @@ def _print_policy(path: str, spec: Any, out: dict[str, Any]) -> None:
         for b in cost["budgets"]:
             scope = f" per {b['scope']}" if b["scope"] else ""
             print(f"  budget {b['name']}: ${b['limit']:g} per {b['period']}{scope}")
+    if out.get("litellm"):
+        _print_litellm(out["litellm"])
 
 
 def _check(path: str, as_json: bool, without_secrets: bool = False) -> int:
@@ -292,6 +318,7 @@ def _check(path: str, as_json: bool, without_secrets: bool = False) -> int:
         errors += [p for p in built if p.severity == "error"]
     if not errors and spec is not None:
         out = _describe(spec, guard, dispatch)
+        out["litellm"] = _litellm_section()
     if guard is not None:
         guard.close()
     warnings = len(problems) - len(errors)

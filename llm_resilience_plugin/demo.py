@@ -16,6 +16,7 @@ import logging
 import statistics
 import sys
 import time
+import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -281,7 +282,11 @@ async def run_demo(calls_per_phase: int = 12, out: TextIO = sys.stdout) -> int:
             "(or pip install langchain-litellm)\n"
         )
         return 2
-    with _langchain_refusals_quiet():
+    from llm_resilience_plugin._litellm import CapabilityWarning
+
+    # A LiteLLM without a capability (e.g. direct dispatch) changes no figure the demo compares.
+    with _langchain_refusals_quiet(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", CapabilityWarning)
         return await _run(calls_per_phase, out, ChatLiteLLMRouter)
 
 

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal, Protocol
 
+from llm_resilience_plugin._litellm import hidden_params_of
 from llm_resilience_plugin.errors import ErrorClass, Failure
 
 logger = logging.getLogger("llm_resilience")
@@ -48,16 +49,11 @@ class DeploymentInfo:
         if flag is not None:
             return bool(flag)
         # LiteLLM's model map (only asked when a stream must be continued; keeps this module
-        # light). The function lives in litellm.utils; litellm 1.110 does not export it.
-        from litellm.utils import supports_assistant_prefill
+        # light): capability ``prefill_lookup`` of the LiteLLM seam.
+        from llm_resilience_plugin._litellm import supports_assistant_prefill
 
         provider = self.params.get("custom_llm_provider")
-        try:
-            return bool(
-                supports_assistant_prefill(self.model, provider if isinstance(provider, str) else None)
-            )
-        except Exception:
-            return False
+        return supports_assistant_prefill(self.model, provider if isinstance(provider, str) else None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -424,20 +420,6 @@ class CallReport:
             "paced": self.paced,
             "attempts": [a.to_dict() for a in self.attempts],
         }
-
-
-def hidden_params_of(obj: Any) -> dict[str, Any] | None:
-    """LiteLLM's ``_hidden_params`` of a response or chunk (model id, cost, headers), or None.
-
-    Read from pydantic's private-attribute store when there is one: plain ``getattr`` on a
-    LiteLLM response goes through pydantic's Python-level ``__getattr__`` (about 2 µs a read).
-    """
-    private = getattr(obj, "__pydantic_private__", None)
-    # ``type(x) is dict`` first: what pydantic and LiteLLM keep, without an isinstance call
-    hidden = private.get("_hidden_params") if type(private) is dict or isinstance(private, dict) else None
-    if hidden is None:
-        hidden = getattr(obj, "_hidden_params", None)
-    return hidden if type(hidden) is dict or isinstance(hidden, dict) else None
 
 
 def usage_of(obj: Any) -> dict[str, int] | None:

@@ -33,6 +33,18 @@ def sim(sim_server: ProviderSimulator) -> Iterator[ProviderSimulator]:
     sim_server.reset()
 
 
+def requires_capability(name: str) -> pytest.MarkDecorator:
+    """Skip, naming the capability and the LiteLLM version, where this LiteLLM lacks ``name``."""
+    from llm_resilience_plugin import _litellm
+
+    cap = _litellm.capabilities()[name]
+    return pytest.mark.skipif(
+        not cap.available,
+        reason=f"needs LiteLLM capability {name}; "
+        f"litellm {_litellm.litellm_version()} lacks it ({cap.missing})",
+    )
+
+
 def deployment(sim: ProviderSimulator, group: str, dep_id: str, **params: Any) -> dict[str, Any]:
     """A LiteLLM deployment entry pointing at simulator deployment ``dep_id``."""
     return {

@@ -325,6 +325,20 @@ def _mid_stream_original(exc: BaseException) -> BaseException | None:
     return None
 
 
+def _broken_after_start(exc: BaseException) -> bool:
+    """A LiteLLM ``APIConnectionError`` wrapping a ``MidStreamFallbackError``: the Router's stream
+    broke after its 200 (LiteLLM's 500 on it was never sent by the provider)."""
+    import litellm
+    from litellm.exceptions import MidStreamFallbackError
+
+    if not isinstance(exc, litellm.APIConnectionError):
+        return False
+    wrapped = getattr(exc, "original_exception", None)
+    return isinstance(wrapped, MidStreamFallbackError) or any(
+        isinstance(e, MidStreamFallbackError) for e in _chain(exc)
+    )
+
+
 def answered_with_status(exc: BaseException) -> bool:
     """Did an HTTP response with a status reach us (not a status LiteLLM made up for a reset,
     a refused connection or a timeout)?"""
@@ -368,6 +382,8 @@ def classify(exc: BaseException) -> Failure:
         error_class, status = ErrorClass.CONNECTION, None
     if status is not None and not answered_with_status(exc):
         status = None  # LiteLLM labels a reset or a refused connection 500: no HTTP answer came
+    if status is not None and _broken_after_start(exc):
+        status = None  # a stream that broke after its 200 (the Router's wrapping of a direct one)
     retry_after = retry_after_of(exc) if error_class in (ErrorClass.RATE_LIMIT, ErrorClass.SERVER) else None
     return Failure(error_class, status, message, retry_after, exc)
 

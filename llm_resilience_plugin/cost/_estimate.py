@@ -48,12 +48,9 @@ def text_counter(model: str) -> Callable[[str], int] | None:
     text=...)`` finds the model's tokenizer on every call (~20 of its ~27 us for a short text,
     each attempt of each embedding, text completion or Responses call); counting is the same.
     None when this LiteLLM has no such function (``token_counter`` is used then)."""
-    try:
-        from litellm.litellm_core_utils.token_counter import _get_count_function
+    from llm_resilience_plugin._litellm import count_function
 
-        return _get_count_function(model)  # type: ignore[no-any-return]
-    except Exception:
-        return None
+    return count_function(model)  # capability token_count_function of the LiteLLM seam
 
 
 class CostEstimator:

@@ -17,6 +17,7 @@ import threading
 from collections.abc import Coroutine
 from typing import Any
 
+from llm_resilience_plugin import _litellm
 from llm_resilience_plugin._engine.drivers import SyncRunner
 from llm_resilience_plugin.routing._shutdown import closed_error
 
@@ -27,25 +28,12 @@ _LOOP_THREAD = "llm-resilience-sync"  # the private loop's thread (SyncRunner na
 
 async def close_loop_clients() -> int:
     """Close LiteLLM's cached clients bound to the running loop and remove them from its cache;
-    returns how many were closed (0 on a LiteLLM without per-loop client keys)."""
-    import litellm
-
-    try:
-        from litellm.caching.evicted_client_closer import running_loop_token
-    except ImportError:  # pragma: no cover - another LiteLLM
-        return 0
-    token = running_loop_token()
-    cache = getattr(litellm, "in_memory_llm_clients_cache", None)
-    entries = getattr(cache, "cache_dict", None)
-    if token is None or not isinstance(entries, dict):
-        return 0
-    suffix = f"-{token}"
+    returns how many were closed (0 on a LiteLLM without per-loop client keys: capability
+    ``client_cache``)."""
+    entries, drop = _litellm.loop_clients()
     closed = 0
-    for key in [k for k in list(entries) if isinstance(k, str) and k.endswith(suffix)]:
-        client = entries.pop(key, None)
-        ttl = getattr(cache, "ttl_dict", None)
-        if isinstance(ttl, dict):
-            ttl.pop(key, None)
+    for key, client in entries:
+        drop(key)
         closer = getattr(client, "aclose", None) or getattr(client, "close", None)
         if not callable(closer):
             continue

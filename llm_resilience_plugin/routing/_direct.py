@@ -13,14 +13,9 @@ plugin switches off or does itself). A group whose config uses anything not prov
 ``test_direct_usage.py``) is dispatched through the Router; see :mod:`._direct_plan` for the list
 and ``docs/how-a-call-flows.md``.
 
-LiteLLM internals relied on (litellm 1.110; checked at construction, else every group uses the
-Router): ``litellm.router_rust.invoke.shaping`` (``update_kwargs_with_deployment``,
-``deployment_params_with_request_reasoning_override``, ``stamp_deployment_num_retries``,
-``stamp_failed_deployment_id``), ``litellm.router_attempt.ROUTING_KEYS``,
-``litellm.router_strategy.simple_shuffle.simple_shuffle``,
-``litellm.router_utils.client_initalization_utils.MaxParallelRequestsLimit``,
-``litellm.litellm_core_utils.add_retry_fallback_headers`` and the Router's ``_shaping``,
-``registry()`` and ``health().store``.
+LiteLLM internals relied on (the Router's shaping functions, routing keys, routing cache, core
+endpoint functions, registry and health) come from :mod:`llm_resilience_plugin._litellm`; where
+that LiteLLM lacks them (capability ``direct_dispatch``) every group uses the Router.
 """
 
 from __future__ import annotations
@@ -32,6 +27,7 @@ from typing import Any
 
 import litellm
 
+from llm_resilience_plugin import _litellm
 from llm_resilience_plugin._engine.attempt import AttemptContext, deployment_id_of
 from llm_resilience_plugin._engine.dispatch import CHAT
 from llm_resilience_plugin._engine.engine import Engine
@@ -44,13 +40,8 @@ from llm_resilience_plugin.routing._direct_ops import (
     operation_kwargs,
     stamp_operation_error,
 )
-from llm_resilience_plugin.routing._direct_plan import (
-    DISPATCH_MODES,
-    GroupDispatch,
-    dispatch_plan,
-    shaping_of,
-)
-from llm_resilience_plugin.routing._direct_shaping import RouterPieces, client_keys
+from llm_resilience_plugin.routing._direct_plan import DISPATCH_MODES, GroupDispatch, dispatch_plan
+from llm_resilience_plugin.routing._direct_shaping import RouterPieces
 from llm_resilience_plugin.routing._direct_usage import UsageAccounting
 from llm_resilience_plugin.routing._dispatch import RouterDispatcher
 from llm_resilience_plugin.routing._hooks import FILTER
@@ -66,7 +57,7 @@ def _routes(cb: Any) -> bool:
     cls = type(cb)
     known = _HOOK_TYPES.get(cls)
     if known is None:
-        from litellm.integrations.custom_logger import CustomLogger
+        from litellm.integrations.custom_logger import CustomLogger  # public: callbacks' base class
 
         known = _HOOK_TYPES[cls] = isinstance(cb, CustomLogger) and any(
             getattr(cls, name, None) is not getattr(CustomLogger, name, None) for name in _ROUTING_HOOKS
@@ -97,9 +88,8 @@ class DirectDispatcher:
         via_router: RouterDispatcher,
         plan: Mapping[str, GroupDispatch],
     ) -> None:
-        from litellm.litellm_core_utils.clientside_credential_handler import clientside_credential_keys
-        from litellm.router_attempt import ROUTING_KEYS
-
+        found = _litellm.internals().direct
+        assert found is not None, "dispatch_plan() makes no group direct without direct_dispatch"
         self.router = router
         self.engine = engine
         self.via_router = via_router
@@ -108,23 +98,23 @@ class DirectDispatcher:
         self.annotate: Callable[[CallReport, Any, dict[str, int] | None], None] = via_router.annotate
         self.plan = dict(plan)
         self.sent_direct = 0  # attempts sent straight through litellm.acompletion (for tests, stats)
-        from litellm.router_rust.core import RustCore
-
         # The Router core's endpoint functions as its class holds them (a class-level patch
         # replaces one: the attempt then goes through the Router, which calls the patch).
-        self._core_members = RustCore.__dict__
+        self._core_members = found.core_members
         self._core_functions = {
-            name: RustCore.__dict__.get(name)
+            name: found.core_members.get(name)
             for name in ("acompletion", *("a" + op for op in OPERATION_FUNCTIONS))
         }
-        shaping = shaping_of(router)
+        shaping = _litellm.shaping_of(router)
         assert shaping is not None, "dispatch_plan() makes no group direct without the Router's shaping"
         self._shaping, self._store = shaping
-        self._routing_keys = frozenset(ROUTING_KEYS)
-        self._clientside = frozenset(clientside_credential_keys)
+        self._routing_keys: frozenset[str] = found.routing_keys
+        self._clientside: frozenset[str] = found.clientside_keys
+        self._max_parallel_limit = found.max_parallel_limit
+        self._calculate_max_parallel = found.calculate_max_parallel_requests
         self._deployments: dict[str, list[dict[str, Any]]] = {}
         self._limited: set[str] = set()
-        for d in router.registry().all():
+        for d in _litellm.deployments_of(router):
             group = str(d["model_name"])
             if self.plan.get(group, GroupDispatch("router", "")).dispatcher != "direct":
                 continue
@@ -135,10 +125,10 @@ class DirectDispatcher:
             }
             self._deployments.setdefault(group, []).append(dep)
         self._group_size = {g: len(v) for g, v in self._deployments.items()}
-        self._pieces = RouterPieces()  # LiteLLM's shaping/header functions, found once
+        self._pieces = RouterPieces(found)  # LiteLLM's shaping/header functions, found once
         # per deployment id: its SDK client cache keys, indexed by "is a stream"
         self._client_keys = {
-            deployment_id_of(d): client_keys(deployment_id_of(d))
+            deployment_id_of(d): _litellm.client_cache_keys(deployment_id_of(d))
             for deps in self._deployments.values()
             for d in deps
         }
@@ -183,15 +173,12 @@ class DirectDispatcher:
         """The deployment's ``max_parallel_requests`` limit, the very object the Router keeps in its
         routing cache (``max_parallel_requests_limit`` in litellm.router_rust.invoke.slots), so
         both paths count one in-flight total."""
-        from litellm.router_utils.client_initalization_utils import MaxParallelRequestsLimit
-        from litellm.utils import calculate_max_parallel_requests
-
-        key = f"{deployment_id_of(dep)}_max_parallel_requests_client"
+        key = _litellm.slot_key(deployment_id_of(dep))
         cached = self._store.get_cache(key=key, local_only=True)
         if cached is not None or not create:
-            return cached if isinstance(cached, MaxParallelRequestsLimit) else None
+            return cached if isinstance(cached, self._max_parallel_limit) else None
         params = dep["litellm_params"]
-        limit = calculate_max_parallel_requests(
+        limit = self._calculate_max_parallel(
             rpm=params.get("rpm"),
             max_parallel_requests=params.get("max_parallel_requests"),
             tpm=params.get("tpm"),
@@ -201,7 +188,7 @@ class DirectDispatcher:
             return None
         self._store.set_cache(
             key=key,
-            value=MaxParallelRequestsLimit(
+            value=self._max_parallel_limit(
                 max_parallel_requests=limit,
                 model_id=deployment_id_of(dep),
                 model_group=str(dep["model_name"]),

@@ -17,6 +17,8 @@ from typing import Any
 
 import litellm
 
+from llm_resilience_plugin import _litellm
+
 # The plugin's operation -> LiteLLM's module function a direct attempt calls (the Router's host op).
 OPERATION_FUNCTIONS: dict[str, str] = {
     "embedding": "aembedding",
@@ -50,10 +52,9 @@ def operation_kwargs(
     client: Any,
 ) -> dict[str, Any]:
     """The kwargs the Router's attempt for ``operation`` passes to LiteLLM's function for ``dep``."""
-    from litellm.litellm_core_utils.routing_common_utils import without_router_only_kwargs
-    from litellm.router_rust.invoke.shaping import update_kwargs_with_deployment
-
     from llm_resilience_plugin._engine.dispatch import PAYLOAD_KEYS
+
+    found = _pieces()
 
     field = metadata_field(operation)
     request: dict[str, Any] = {k: v for k, v in kwargs.items() if k not in routing_keys}
@@ -65,7 +66,7 @@ def operation_kwargs(
     data = dict(dep["litellm_params"])
     if operation == "responses":
         return _generic_kwargs(shaping, store, group, dep, data, payload, request, md, group_size)
-    update_kwargs_with_deployment(
+    found.update_kwargs_with_deployment(
         shaping,
         dep,
         request,
@@ -80,7 +81,14 @@ def operation_kwargs(
         "client": client,
         **request,
     }
-    return without_router_only_kwargs(final)  # type: ignore[no-any-return]
+    return found.without_router_only_kwargs(final)  # type: ignore[no-any-return]
+
+
+def _pieces() -> Any:
+    """LiteLLM's shaping functions (only called where direct dispatch is available)."""
+    found = _litellm.internals().direct
+    assert found is not None, "no group is direct without the direct_dispatch capability"
+    return found
 
 
 def _handler_name() -> str:
@@ -101,28 +109,19 @@ def _generic_kwargs(
     group_size: int,
 ) -> dict[str, Any]:
     """``_generic_attempt`` for ``aresponses`` (no endpoint path, session or stored response)."""
-    from litellm.litellm_core_utils.routing_common_utils import provider_for_generic_call
-    from litellm.router_rust.invoke.shaping import (
-        STREAM_TIMEOUT_AWARE_GENERIC_HANDLERS,
-        update_kwargs_with_deployment,
-    )
-    from litellm.router_strategy.complexity_router.context_compaction import (
-        initialize_compaction_state,
-        surface_for_call,
-    )
-
+    found = _pieces()
     request["input"] = payload
     handler = _handler_name()
-    surface = surface_for_call(handler)
+    surface = found.surface_for_call(handler)
     if surface is not None:  # ``arm_compaction_state`` at the top of the Router's walk
-        request["_context_compaction_state"] = initialize_compaction_state(request, surface)
-    update_kwargs_with_deployment(
+        request["_context_compaction_state"] = found.initialize_compaction_state(request, surface)
+    found.update_kwargs_with_deployment(
         shaping,
         dep,
         request,
         cache=store,
         function_name="_ageneric_api_call_with_fallbacks",
-        splits_stream_timeout=handler in STREAM_TIMEOUT_AWARE_GENERIC_HANDLERS,
+        splits_stream_timeout=handler in found.stream_timeout_aware_generic_handlers,
         opens_responses_socket=False,
     )
     _stamp_walk(md, group, group_size)
@@ -132,7 +131,7 @@ def _generic_kwargs(
         **request,
         "model": str(data.get("model")),
     }
-    provider = provider_for_generic_call(data)
+    provider = found.provider_for_generic_call(data)
     if provider is not None:
         final["custom_llm_provider"] = provider
     return final
@@ -156,18 +155,13 @@ def stamp_operation_error(
 ) -> None:
     """What the endpoint's attempt helper stamps on the error it raises (``stamp_error`` with the
     plan's ``stamp``: ``retry_skip`` for embedding, text and image, ``deployment`` for Responses)."""
-    from litellm.router_rust.invoke.shaping import (
-        stamp_deployment_num_retries,
-        stamp_failed_deployment_id,
-        stamp_retry_skip_deployment_id,
-    )
-
+    found = _pieces()
     if operation == "responses":
-        stamp_deployment_num_retries(error, dep)
-        stamp_failed_deployment_id(error, sent.get("model_info") or dep.get("model_info"))
+        found.stamp_deployment_num_retries(error, dep)
+        found.stamp_failed_deployment_id(error, sent.get("model_info") or dep.get("model_info"))
         return
-    stamp_retry_skip_deployment_id(error, sent)
-    stamp_failed_deployment_id(error, sent.get("model_info"))
+    found.stamp_retry_skip_deployment_id(error, sent)
+    found.stamp_failed_deployment_id(error, sent.get("model_info"))
 
 
 __all__ = [

@@ -12,6 +12,7 @@ from typing import Any
 
 import litellm
 
+from llm_resilience_plugin import _litellm
 from llm_resilience_plugin._engine.attempt import deployment_id_of
 from llm_resilience_plugin.errors import ConfigError
 
@@ -95,7 +96,7 @@ DISPATCH_MODES = ("auto", "router", "direct")
 # Deployment limits whose per-minute usage the Router counts. A direct attempt reports into the
 # same counters (:mod:`._direct_usage`, proven equal by tests/integration/test_direct_usage.py),
 # so such groups go direct; False sends them back through the Router.
-USAGE_DIRECT = True
+USAGE_DIRECT = True  # and only where the LiteLLM seam finds ``usage_counting``
 USAGE_PARAMS = frozenset({"rpm", "tpm"})
 
 
@@ -107,26 +108,19 @@ class GroupDispatch:
     reason: str
 
 
-def shaping_of(router: litellm.Router) -> tuple[Any, Any] | None:
-    """The Router's request shaping and routing cache, or None if this LiteLLM has neither."""
-    try:
-        from litellm.router_rust.invoke import shaping as _  # noqa: F401
-
-        return router._shaping, router.health().store  # type: ignore[attr-defined]
-    except Exception:
-        return None
-
-
 def _deployment_reason(d: Mapping[str, Any]) -> str | None:
     """Why one deployment must go through the Router (None: direct reproduces it)."""
     params = d.get("litellm_params") or {}
     info = d.get("model_info") or {}
-    extra = sorted(k for k in params if k not in DIRECT_PARAMS and not (USAGE_DIRECT and k in USAGE_PARAMS))
+    counted = USAGE_DIRECT and _litellm.internals().has("usage_counting")
+    extra = sorted(k for k in params if k not in DIRECT_PARAMS and not (counted and k in USAGE_PARAMS))
     if extra:
         if set(extra) <= USAGE_PARAMS:
+            if USAGE_DIRECT and _litellm.internals().has("direct_dispatch"):
+                _litellm.internals().warn_missing("usage_counting")
             return (
                 f"deployment {deployment_id_of(d)} sets {', '.join(extra)} (its per-minute usage is "
-                "counted in the Router; direct counting into the same counters is not switched on)"
+                "counted in the Router; direct counting into the same counters is not available)"
             )
         return f"deployment {deployment_id_of(d)} sets {', '.join(extra)} (only the Router reproduces it)"
     if "*" in str(d.get("model_name")) or "*" in str(params.get("model")):
@@ -176,7 +170,7 @@ def dispatch_plan(router: litellm.Router, settings: Mapping[str, Any], mode: str
     always the Router; ``direct``: like auto, but a group that cannot be direct is a ConfigError.
     """
     groups: dict[str, list[Mapping[str, Any]]] = {}
-    for d in router.registry().all():
+    for d in _litellm.deployments_of(router):
         groups.setdefault(str(d["model_name"]), []).append(d)
     if mode == "router":
         return {g: GroupDispatch("router", "policy dispatch: router") for g in groups}
@@ -191,10 +185,11 @@ def dispatch_plan(router: litellm.Router, settings: Mapping[str, Any], mode: str
         global_reason = f"routing_strategy {settings['routing_strategy']!r} keeps state in the Router"
     elif settings.get("cache_responses"):
         global_reason = "router_settings cache_responses (the Router's response cache)"
-    elif shaping_of(router) is None:
-        global_reason = (
-            f"litellm {getattr(litellm, '__version__', '?')} does not expose the Router's request shaping"
-        )
+    elif _litellm.shaping_of(router) is None:
+        found = _litellm.internals()
+        cap = found.capabilities["direct_dispatch"]
+        found.warn_missing("direct_dispatch")
+        global_reason = f"litellm {found.version} has no direct_dispatch ({cap.missing})"
     out: dict[str, GroupDispatch] = {}
     for g, deps in groups.items():
         reason = global_reason
@@ -227,5 +222,4 @@ __all__ = [
     "USAGE_PARAMS",
     "GroupDispatch",
     "dispatch_plan",
-    "shaping_of",
 ]

@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from llm_resilience_plugin import _litellm
+
 
 def _raised_before_provider(error: BaseException) -> bool:
     """The Router core's rule: a request LiteLLM refused before it reached the provider (a
@@ -31,7 +33,7 @@ class UsageAccounting:
 
     def __init__(self, router: Any) -> None:
         self.router = router  # its outcome callbacks (``report_stream_success`` ...) are the core's
-        self.health = router.health()
+        self.health_state = _litellm.router_health(router)
         self._tracks: dict[tuple[str, str], bool] = {}
 
     def tracks(self, dep_id: str, group: str) -> bool:
@@ -39,7 +41,7 @@ class UsageAccounting:
         key = (dep_id, group)
         known = self._tracks.get(key)
         if known is None:
-            known = self._tracks[key] = bool(self.router.deployment_tracks_usage(dep_id, group))
+            known = self._tracks[key] = _litellm.tracks_usage(self.router, dep_id, group)
         return known
 
     @staticmethod
@@ -61,18 +63,17 @@ class UsageAccounting:
             group,
             standard_logging_object={"total_tokens": tokens if isinstance(tokens, int) else 0},
         )
-        await self.router.report_stream_success(logged, resp)
+        await _litellm.report_usage_success(self.router, logged, resp)
 
     async def failure(self, error: BaseException, sent: Mapping[str, Any], field: str, group: str) -> None:
         """A failed request: one more request of the minute and a failure of the deployment."""
         if _raised_before_provider(error):
             return
-        await self.router.report_stream_failure(self._logged(sent, field, group, exception=error))
+        await _litellm.report_usage_failure(self.router, self._logged(sent, field, group, exception=error))
 
     async def remaining(self, group: str) -> Mapping[str, Any]:
         """The group's remaining usage, which the Router puts in ``x-ratelimit-remaining-*``."""
-        got = await self.health.usage(group, kind="remaining")
-        return got if isinstance(got, Mapping) else {}
+        return await _litellm.remaining_usage(self.health_state, group)
 
 
 __all__ = ["UsageAccounting"]

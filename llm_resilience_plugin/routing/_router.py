@@ -16,11 +16,12 @@ import os
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import litellm
 
+from llm_resilience_plugin import _litellm
 from llm_resilience_plugin._engine.breakers import DeploymentBreaker
 from llm_resilience_plugin._engine.clock import Clock
 from llm_resilience_plugin._engine.core import BeforeRetry
@@ -62,6 +63,10 @@ from llm_resilience_plugin.routing._operations import EndpointsMixin
 from llm_resilience_plugin.routing._shared import SharedWiring
 from llm_resilience_plugin.routing._shutdown import DEFAULT_GRACE
 from llm_resilience_plugin.routing._streams import ResilientStream, StaticStream, SyncResilientStream
+from llm_resilience_plugin.routing._surface import MACHINERY, REFUSED, pass_through_family
+
+# LiteLLM's internals, found once (an ImportError naming the supported range below its floor).
+_litellm.internals()
 
 
 def _deployment_info(d: Mapping[str, Any]) -> DeploymentInfo:
@@ -261,7 +266,7 @@ class ResilientRouter(EndpointsMixin):
             default_fallbacks=None,
             retry_after=0,
         )
-        deployments = {info.id: info for info in map(_deployment_info, self._router.registry().all())}
+        deployments = {info.id: info for info in map(_deployment_info, _litellm.deployments_of(self._router))}
         # Shared state on Redis (docs/scaling-out.md): breakers and retry budgets fleet-wide.
         wiring = SharedWiring.for_router(spec, deployments, shared_state)
         self.shared_state: Any = wiring.shared
@@ -435,6 +440,57 @@ def _grace(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
         raise ConfigError("grace", "must be a number of seconds >= 0 (how long calls in flight may finish)")
     return float(value)
+
+    # -- the rest of litellm.Router's surface (routing/_surface.py) ------------------------------
+
+    @property
+    def model_list(self) -> list[dict[str, Any]]:
+        """The wrapped Router's ``model_list`` (pass-through, as ``litellm.Router.model_list``)."""
+        return self._router.model_list  # type: ignore[no-any-return]
+
+    def get_model_list(self, *args: Any, **kwargs: Any) -> Any:
+        """``litellm.Router.get_model_list`` of the wrapped Router (pass-through)."""
+        return self._router.get_model_list(*args, **kwargs)
+
+    def get_model_names(self, *args: Any, **kwargs: Any) -> Any:
+        """``litellm.Router.get_model_names`` of the wrapped Router (pass-through)."""
+        return self._router.get_model_names(*args, **kwargs)
+
+    if not TYPE_CHECKING:  # the type checker sees only the names defined above
+
+        def __getattr__(self, name: str) -> Any:
+            """A pass-through name of ``litellm.Router`` read from the wrapped Router (one request,
+            no resilience); a refused one a function raising ConfigError; the Router's machinery
+            an AttributeError saying where it is."""
+            router = self.__dict__.get("_router")
+            if name.startswith("_") or router is None:
+                raise AttributeError(name)
+            if pass_through_family(name) is not None:
+                return getattr(router, name)
+            if name in REFUSED:
+                return _refused(name)
+            hint = (
+                "it is the wrapped Router's own routing/retry/cooldown machinery, which the plugin "
+                f"replaces; read it on router.litellm_router.{name}"
+                if name in MACHINERY
+                else "not a litellm.Router name this plugin knows"
+            )
+            raise AttributeError(f"'ResilientRouter' object has no attribute {name!r} ({hint})")
+
+
+def _refused(name: str) -> Callable[..., Any]:
+    """What a refused ``litellm.Router`` method is on ResilientRouter: a clear ConfigError."""
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise ConfigError(
+            name,
+            "would change the deployments or settings the router's breakers, policies and "
+            "dispatch plans were built from; build a new ResilientRouter with the new model list "
+            "or settings (and close() the old one)",
+        )
+
+    refuse.__name__ = name
+    return refuse
 
 
 def get_report(obj: Any) -> CallReport | None:

@@ -32,6 +32,8 @@ import re
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+from llm_resilience_plugin import _litellm
+
 MAX_SKIPPED_EVENTS = 1
 """Invalid events one stream may drop; the next one breaks the stream as before."""
 
@@ -108,12 +110,11 @@ def _finishes(data: Any) -> bool:
 def parsed_event_type() -> type[Any] | None:
     """The SDK's ``ServerSentEvent`` with ``json()`` returning a value already parsed (so the SDK
     does not parse the event again); None if the SDK has no such class (then nothing is skipped)."""
-    try:
-        from openai._streaming import ServerSentEvent
-    except ImportError:  # pragma: no cover - another SDK layout
+    base: Any = _litellm.internals().sse_event
+    if base is None:  # pragma: no cover - another SDK layout (capability sse_skipping)
         return None
 
-    class ParsedEvent(ServerSentEvent):
+    class ParsedEvent(base):  # type: ignore[misc,valid-type]
         def __init__(self, sse: Any, value: Any) -> None:
             super().__init__(event=sse.event, data=sse.data, id=sse.id, retry=sse.retry)
             self._value = value
@@ -176,11 +177,7 @@ def skip_malformed_events(response: Any) -> EventSkipper | None:
     inner = getattr(response, "completion_stream", None)
     if inner is None:
         return None
-    from openai import AsyncStream
-
-    if not isinstance(inner, AsyncStream):
-        return None
-    decoder = getattr(inner, "_decoder", None)
+    decoder = _litellm.sdk_stream_decoder(inner)  # None unless an openai.AsyncStream
     if isinstance(decoder, EventSkipper):
         return decoder
     if decoder is None or not hasattr(decoder, "aiter_bytes") or not _unread(inner):
@@ -188,13 +185,13 @@ def skip_malformed_events(response: Any) -> EventSkipper | None:
     if parsed_event_type() is None:
         return None
     skipper = EventSkipper(decoder)
-    inner._decoder = skipper
+    _litellm.set_sdk_stream_decoder(inner, skipper)
     return skipper
 
 
 def _unread(stream: Any) -> bool:
     """Has the SDK stream's generator not started (so it has not taken its decoder yet)?"""
-    gen: Any = getattr(stream, "_iterator", None)
+    gen: Any = _litellm.sdk_stream_generator(stream)
     state = getattr(inspect, "getasyncgenstate", None)  # Python 3.12+
     if state is not None:
         return inspect.isasyncgen(gen) and state(gen) == "AGEN_CREATED"

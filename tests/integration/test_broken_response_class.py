@@ -129,6 +129,35 @@ async def test_an_anthropic_stream_broken_after_its_200_is_connection_with_no_st
     assert attempts(stream)[0] == (ErrorClass.CONNECTION, None)
 
 
+async def test_through_the_router_too_a_malformed_event_after_the_200_has_no_status(
+    sim: ProviderSimulator,
+) -> None:
+    """The Router wraps the break in an APIConnectionError (500) around a MidStreamFallbackError."""
+    model_list = [
+        {
+            "model_name": "claude",
+            "litellm_params": {
+                "model": "anthropic/claude-3-5-haiku-latest",
+                "api_base": sim.anthropic_base("an"),
+                "api_key": "sk-ant-sim-secret",
+            },
+            "model_info": {"id": "an"},
+        }
+    ]
+    router = ResilientRouter(
+        model_list=model_list, policy={**FAST_POLICY, "dispatch": "router"}, clock=FakeClock(), seed=1
+    )
+    try:
+        sim.script("an", Fault.malformed_chunk(after_chunks=2, content=False))
+        stream = await router.acompletion(model="claude", messages=LONG, stream=True, recover_streams=False)
+        with pytest.raises(StreamInterruptedError):
+            await collect(stream)
+        assert sim.requests("an")[0].status == 200
+        assert attempts(stream)[0] == (ErrorClass.CONNECTION, None)
+    finally:
+        router.close()
+
+
 async def test_an_anthropic_undecodable_body_is_connection_and_529_stays_server(
     anthropic: ResilientRouter, sim: ProviderSimulator
 ) -> None:

@@ -53,6 +53,25 @@ def test_check_prints_the_effective_policy(tmp_path, capsys) -> None:
     assert '"fallbacks": [\n        "backup"' in capsys.readouterr().out
 
 
+def test_check_prints_the_litellm_version_and_its_capabilities(tmp_path, capsys) -> None:
+    from llm_resilience_plugin import _litellm
+
+    cfg = tmp_path / "router.yaml"
+    cfg.write_text(
+        "model_list:\n  - model_name: p\n    litellm_params: {model: openai/gpt-4o-mini, api_key: sk-x}\n"
+    )
+    assert main(["check", str(cfg)]) == 0
+    out = capsys.readouterr().out
+    version = _litellm.litellm_version()
+    assert f"[litellm] {version} (supported litellm{_litellm.SUPPORTED})" in out
+    for name, cap in _litellm.capabilities().items():
+        assert (f"  {name}: yes" if cap.available else f"  {name}: no ({cap.missing}") in out
+    assert main(["check", str(cfg), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["litellm"]["version"] == version
+    assert set(doc["litellm"]["capabilities"]) == set(_litellm.capabilities())
+
+
 def test_check_prints_each_deployments_rate_limit_and_its_source(tmp_path, capsys) -> None:
     cfg = tmp_path / "router.yaml"
     cfg.write_text(

@@ -43,10 +43,11 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("langchain/_runnable.py", "_acall_with_config"): "langchain-core's helper for Runnable subclasses",
     ("langchain/_runnable.py", "_transform_stream_with_config"): "langchain-core's Runnable helper",
     ("langchain/_runnable.py", "_atransform_stream_with_config"): "langchain-core's Runnable helper",
-    ("routing/_direct_plan.py", "_shaping"): "litellm.Router's request shaping; no public accessor",
-    ("routing/_sse_skip.py", "_iterator"): "openai.AsyncStream's generator: is the stream unread?",
-    ("events.py", "_hidden_params"): "LiteLLM keeps cost and ids only there (read in hidden_params_of)",
-    ("routing/_sse_skip.py", "_decoder"): "openai.AsyncStream's SSE decoder: swapped for the skipper "
+    # LiteLLM's and the openai SDK's privates: only in the seam (tests/unit/test_litellm_seam.py)
+    ("_litellm.py", "_shaping"): "litellm.Router's request shaping; no public accessor",
+    ("_litellm.py", "_iterator"): "openai.AsyncStream's generator: is the stream unread?",
+    ("_litellm.py", "_hidden_params"): "LiteLLM keeps cost and ids only there (read in hidden_params_of)",
+    ("_litellm.py", "_decoder"): "openai.AsyncStream's SSE decoder: swapped for the skipper "
     "before the first read; openai has no public hook for it",
 }
 

@@ -1,0 +1,465 @@
+"""The one seam to LiteLLM's (and the openai SDK's) internals: every private or internal name the
+package uses is imported or read here, and nowhere else (``tests/unit/test_litellm_seam.py``).
+
+Each internal feature is found once, on first use (:func:`internals`, which the routing package
+calls at import), and named as a capability. Where one is missing (an older LiteLLM, or a newer one
+whose internals moved) the plugin serves that feature through LiteLLM's public API instead and
+warns once, naming the LiteLLM version and the capability; ``llm-resilience check`` lists them.
+A LiteLLM below :data:`SUPPORTED` is an ``ImportError`` naming the supported range.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+from types import SimpleNamespace
+from typing import Any
+
+from llm_resilience_plugin import _env  # noqa: F401  (must run before litellm is imported)
+
+# The LiteLLM versions the plugin supports (pyproject.toml says the same; 1.82.7 and 1.82.8 were
+# compromised releases, kept out by the floor).
+FLOOR = (1, 109, 3)
+CEILING = (2, 0, 0)
+SUPPORTED = ">=1.109.3,<2"
+# Direct dispatch reproduces the Router's attempt with LiteLLM's own internal functions; it is on
+# only for the minor releases whose equivalence suite passed (tests/integration/test_direct_*.py).
+DIRECT_VERIFIED = ((1, 110),)
+
+logger = logging.getLogger("llm_resilience")
+
+
+class CapabilityWarning(RuntimeWarning):
+    """A LiteLLM internal the plugin would use is missing; that part goes through the public API."""
+
+
+def _parse(text: str) -> tuple[int, ...]:
+    parts: list[int] = []
+    for piece in text.split(".")[:3]:
+        digits = "".join(ch for ch in piece if ch.isdigit()) if piece else ""
+        if not digits:
+            break
+        parts.append(int(digits))
+        if not piece.isdigit():
+            break
+    return tuple(parts)
+
+
+def litellm_version() -> str:
+    """The installed LiteLLM's version (``litellm`` has no ``__version__``)."""
+    try:
+        return version("litellm")
+    except PackageNotFoundError:  # pragma: no cover - a source checkout without metadata
+        return "0+unknown"
+
+
+def check_supported(text: str) -> None:
+    """ImportError if LiteLLM ``text`` is outside :data:`SUPPORTED`."""
+    parsed = _parse(text)
+    if parsed and not (FLOOR <= parsed < CEILING):
+        raise ImportError(
+            f"llm-resilience-plugin supports litellm{SUPPORTED}; litellm {text} is installed: "
+            f'run pip install "litellm{SUPPORTED}"'
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Capability:
+    """One internal LiteLLM feature the plugin can use, and, when it cannot, why and what instead."""
+
+    name: str
+    available: bool
+    purpose: str
+    instead: str  # what the plugin does without it
+    missing: str = ""  # what was not found
+
+
+@dataclass(frozen=True)
+class Internals:
+    """LiteLLM's internal pieces, found once; None (and the capability off) where missing."""
+
+    version: str
+    capabilities: dict[str, Capability]
+    direct: Any = None  # a namespace of the Router's shaping/header functions (direct dispatch)
+    prefill: Callable[..., Any] | None = None
+    count_function: Callable[[str], Any] | None = None
+    loop_token: Callable[[], Any] | None = None
+    sse_event: type[Any] | None = None
+    async_stream: type[Any] | None = None
+    _warned: set[str] = field(default_factory=set)
+
+    def has(self, name: str) -> bool:
+        """Is capability ``name`` available on this LiteLLM?"""
+        cap = self.capabilities.get(name)
+        return cap is not None and cap.available
+
+    def warn_missing(self, name: str) -> None:
+        """Say once per process that capability ``name`` is off, naming LiteLLM's version."""
+        cap = self.capabilities[name]
+        if cap.available or name in self._warned:
+            return
+        self._warned.add(name)
+        message = (
+            f"litellm {self.version}: {cap.name} is not available ({cap.missing}); {cap.instead}. "
+            "Every resilience guarantee holds."
+        )
+        warnings.warn(message, CapabilityWarning, stacklevel=3)
+        logger.warning(message)
+
+
+def _direct_pieces(router_cls: Any) -> tuple[Any, str]:
+    """The functions a direct attempt calls (the Router's own), or (None, what is missing)."""
+    try:
+        from litellm.litellm_core_utils.add_retry_fallback_headers import (
+            add_fallback_headers_to_response,
+            add_retry_headers_to_response,
+            apply_quality_router_decision_headers,
+            apply_remaining_usage_headers,
+            apply_response_model_id,
+            complexity_router_decision_headers,
+            ensure_response_additional_headers,
+            prepare_response_for_header_attachment,
+        )
+        from litellm.litellm_core_utils.clientside_credential_handler import clientside_credential_keys
+        from litellm.litellm_core_utils.routing_common_utils import (
+            provider_for_generic_call,
+            without_router_only_kwargs,
+        )
+        from litellm.router_attempt import ROUTING_KEYS
+        from litellm.router_rust.core import RustCore
+        from litellm.router_rust.invoke.shaping import (
+            STREAM_TIMEOUT_AWARE_GENERIC_HANDLERS,
+            deployment_params_with_request_reasoning_override,
+            stamp_deployment_num_retries,
+            stamp_failed_deployment_id,
+            stamp_retry_skip_deployment_id,
+            update_kwargs_with_deployment,
+        )
+        from litellm.router_strategy.complexity_router.context_compaction import (
+            initialize_compaction_state,
+            surface_for_call,
+        )
+        from litellm.router_strategy.simple_shuffle import simple_shuffle
+        from litellm.router_utils.client_initalization_utils import MaxParallelRequestsLimit
+        from litellm.router_utils.router_callbacks.track_deployment_metrics import find_deployment_metadata
+        from litellm.utils import calculate_max_parallel_requests
+    except ImportError as e:
+        return None, str(e).split(" (")[0]
+    for member in ("registry", "health"):
+        if not callable(getattr(router_cls, member, None)):
+            return None, f"litellm.Router.{member}()"
+    return (
+        SimpleNamespace(
+            core_members=RustCore.__dict__,
+            routing_keys=frozenset(ROUTING_KEYS),
+            clientside_keys=frozenset(clientside_credential_keys),
+            update_kwargs_with_deployment=update_kwargs_with_deployment,
+            reasoning_override=deployment_params_with_request_reasoning_override,
+            initialize_compaction_state=initialize_compaction_state,
+            surface_for_call=surface_for_call,
+            without_router_only_kwargs=without_router_only_kwargs,
+            provider_for_generic_call=provider_for_generic_call,
+            stream_timeout_aware_generic_handlers=STREAM_TIMEOUT_AWARE_GENERIC_HANDLERS,
+            stamp_deployment_num_retries=stamp_deployment_num_retries,
+            stamp_failed_deployment_id=stamp_failed_deployment_id,
+            stamp_retry_skip_deployment_id=stamp_retry_skip_deployment_id,
+            simple_shuffle=simple_shuffle,
+            find_deployment_metadata=find_deployment_metadata,
+            prepare_response=prepare_response_for_header_attachment,
+            ensure_additional_headers=ensure_response_additional_headers,
+            apply_response_model_id=apply_response_model_id,
+            apply_quality_headers=apply_quality_router_decision_headers,
+            complexity_headers=complexity_router_decision_headers,
+            apply_remaining_usage_headers=apply_remaining_usage_headers,
+            add_retry_headers=add_retry_headers_to_response,
+            add_fallback_headers=add_fallback_headers_to_response,
+            max_parallel_limit=MaxParallelRequestsLimit,
+            calculate_max_parallel_requests=calculate_max_parallel_requests,
+        ),
+        "",
+    )
+
+
+def _prefill_from_model_info(model: str, provider: str | None = None) -> bool:
+    """``supports_assistant_prefill`` from LiteLLM's public ``get_model_info``."""
+    import litellm
+
+    info = litellm.get_model_info(model, custom_llm_provider=provider)
+    return bool(info.get("supports_assistant_prefill"))
+
+
+def _capability(name: str, ok: bool, missing: str, purpose: str, instead: str) -> Capability:
+    return Capability(name, ok, purpose, instead, "" if ok else missing)
+
+
+@functools.cache
+def internals() -> Internals:
+    """Find LiteLLM's internal pieces once (ImportError below the supported floor)."""
+    text = litellm_version()
+    check_supported(text)
+    import litellm
+
+    caps: dict[str, Capability] = {}
+    direct, missing = _direct_pieces(litellm.Router)
+    minor = _parse(text)[:2]
+    if direct is not None and minor not in DIRECT_VERIFIED:
+        missing = "its equivalence suite passed on litellm " + ", ".join(
+            ".".join(map(str, v)) + ".x" for v in DIRECT_VERIFIED
+        )
+        direct = None
+    caps["direct_dispatch"] = _capability(
+        "direct_dispatch",
+        direct is not None,
+        missing,
+        "an attempt sent straight through litellm.acompletion with the Router's own kwargs",
+        "every attempt goes through the Router (slower, same behaviour)",
+    )
+    usage = direct is not None and all(
+        callable(getattr(litellm.Router, m, None))
+        for m in ("deployment_tracks_usage", "report_stream_success", "report_stream_failure")
+    )
+    caps["usage_counting"] = _capability(
+        "usage_counting",
+        usage,
+        "litellm.Router.deployment_tracks_usage()/report_stream_success()",
+        "direct attempts counted in the Router's rpm/tpm usage",
+        "groups with rpm/tpm limits go through the Router",
+    )
+    try:
+        from openai import AsyncStream
+        from openai._streaming import ServerSentEvent
+    except ImportError:  # pragma: no cover - another SDK layout
+        AsyncStream = ServerSentEvent = None  # type: ignore[assignment,misc]
+    caps["sse_skipping"] = _capability(
+        "sse_skipping",
+        ServerSentEvent is not None and direct is not None,
+        "direct_dispatch and openai._streaming.ServerSentEvent",
+        "a malformed, text-free stream event of a direct attempt skipped instead of breaking the stream",
+        "a malformed stream event breaks the stream, which is recovered like any other break",
+    )
+    prefill: Any = getattr(litellm, "supports_assistant_prefill", None)
+    if prefill is None:
+        try:
+            from litellm.utils import supports_assistant_prefill as prefill
+        except ImportError:  # older LiteLLM: its public model-info lookup says the same
+            prefill = _prefill_from_model_info if callable(getattr(litellm, "get_model_info", None)) else None
+    caps["prefill_lookup"] = _capability(
+        "prefill_lookup",
+        callable(prefill),
+        "litellm.utils.supports_assistant_prefill and litellm.get_model_info",
+        "LiteLLM's model map says which models continue an assistant message",
+        "only model_info.supports_assistant_prefill says so (unset: not supported)",
+    )
+    try:
+        from litellm.litellm_core_utils.token_counter import _get_count_function as count_function
+    except ImportError:
+        count_function = None  # type: ignore[assignment]
+    caps["token_count_function"] = _capability(
+        "token_count_function",
+        count_function is not None,
+        "litellm.litellm_core_utils.token_counter._get_count_function",
+        "a model's text token counter resolved once per model",
+        "litellm.token_counter() on every count (same counts, slower)",
+    )
+    try:
+        from litellm.caching.evicted_client_closer import running_loop_token as loop_token
+    except ImportError:
+        loop_token = None  # type: ignore[assignment]
+    cache = getattr(litellm, "in_memory_llm_clients_cache", None)
+    client_cache = loop_token is not None and isinstance(getattr(cache, "cache_dict", None), dict)
+    caps["client_cache"] = _capability(
+        "client_cache",
+        client_cache,
+        "litellm.caching.evicted_client_closer.running_loop_token",
+        "a router's private-loop HTTP clients closed when it closes",
+        "those clients are closed by LiteLLM's own exit hook",
+    )
+    return Internals(
+        version=text,
+        capabilities=caps,
+        direct=direct,
+        prefill=prefill if callable(prefill) else None,
+        count_function=count_function,
+        loop_token=loop_token if client_cache else None,
+        sse_event=ServerSentEvent,
+        async_stream=AsyncStream,
+    )
+
+
+def capabilities() -> dict[str, Capability]:
+    """Each internal capability and whether this LiteLLM has it (``llm-resilience check``)."""
+    return dict(internals().capabilities)
+
+
+# -- the Router's internal members --------------------------------------------------------------
+
+
+def deployments_of(router: Any) -> list[dict[str, Any]]:
+    """The Router's deployments as dicts (``model_name``, ``litellm_params``, ``model_info``):
+    its registry where it has one (``os.environ/`` resolved), else its public ``model_list``."""
+    registry = getattr(router, "registry", None)
+    if callable(registry):
+        return list(registry().all())
+    return [d for d in (getattr(router, "model_list", None) or []) if isinstance(d, dict)]
+
+
+def shaping_of(router: Any) -> tuple[Any, Any] | None:
+    """The Router's request shaping and routing cache (direct dispatch), or None."""
+    if internals().direct is None:
+        return None
+    try:
+        return router._shaping, router.health().store
+    except Exception:
+        return None
+
+
+def router_health(router: Any) -> Any:
+    """The Router's health state (usage counters), for :mod:`routing._direct_usage`."""
+    return router.health()
+
+
+def tracks_usage(router: Any, dep_id: str, group: str) -> bool:
+    """Does the Router count ``dep_id``'s per-minute usage (rpm/tpm)?"""
+    return bool(router.deployment_tracks_usage(dep_id, group))
+
+
+async def remaining_usage(health: Any, group: str) -> Mapping[str, Any]:
+    """A group's remaining usage, which the Router puts in ``x-ratelimit-remaining-*``."""
+    got = await health.usage(group, kind="remaining")
+    return got if isinstance(got, Mapping) else {}
+
+
+async def report_usage_success(router: Any, logged: Mapping[str, Any], response: Any) -> None:
+    """Count a direct attempt's request and tokens where the Router counts a finished stream's."""
+    await router.report_stream_success(logged, response)
+
+
+async def report_usage_failure(router: Any, logged: Mapping[str, Any]) -> None:
+    """Count a failed direct attempt where the Router counts a failed stream."""
+    await router.report_stream_failure(logged)
+
+
+def client_cache_keys(dep_id: str) -> tuple[str, str]:
+    """The Router's cache keys of a deployment's async SDK clients: (plain, streaming)."""
+    return f"{dep_id}_async_client", f"{dep_id}_stream_async_client"
+
+
+def slot_key(dep_id: str) -> str:
+    """The Router's cache key of a deployment's ``max_parallel_requests`` limit."""
+    return f"{dep_id}_max_parallel_requests_client"
+
+
+def loop_clients() -> tuple[list[tuple[str, Any]], Callable[[str], None]]:
+    """LiteLLM's cached HTTP clients bound to the running loop, and a function dropping one from
+    its cache; nothing where this LiteLLM keys no clients per loop."""
+    import litellm
+
+    got = internals()
+    token = got.loop_token() if got.loop_token is not None else None
+    cache = getattr(litellm, "in_memory_llm_clients_cache", None)
+    entries = getattr(cache, "cache_dict", None)
+    if token is None or not isinstance(entries, dict):
+        return [], _keep
+    suffix = f"-{token}"
+    ttl = getattr(cache, "ttl_dict", None)
+
+    def drop(key: str) -> None:
+        entries.pop(key, None)
+        if isinstance(ttl, dict):
+            ttl.pop(key, None)
+
+    return [(k, entries.get(k)) for k in list(entries) if isinstance(k, str) and k.endswith(suffix)], drop
+
+
+def _keep(key: str) -> None:
+    return None
+
+
+# -- responses and streams ------------------------------------------------------------------------
+
+
+def hidden_params_of(obj: Any) -> dict[str, Any] | None:
+    """LiteLLM's ``_hidden_params`` of a response or chunk (model id, cost, headers), or None.
+
+    Read from pydantic's private-attribute store when there is one: plain ``getattr`` on a
+    LiteLLM response goes through pydantic's Python-level ``__getattr__`` (about 2 µs a read).
+    """
+    private = getattr(obj, "__pydantic_private__", None)
+    # ``type(x) is dict`` first: what pydantic and LiteLLM keep, without an isinstance call
+    hidden = private.get("_hidden_params") if type(private) is dict or isinstance(private, dict) else None
+    if hidden is None:
+        hidden = getattr(obj, "_hidden_params", None)
+    return hidden if type(hidden) is dict or isinstance(hidden, dict) else None
+
+
+def sdk_stream_decoder(stream: Any) -> Any:
+    """The SSE decoder of an unread ``openai.AsyncStream`` (None if not one, or already read)."""
+    stream_type = internals().async_stream
+    if stream_type is None or not isinstance(stream, stream_type):
+        return None
+    return getattr(stream, "_decoder", None)
+
+
+def set_sdk_stream_decoder(stream: Any, decoder: Any) -> None:
+    """Swap an unread ``openai.AsyncStream``'s SSE decoder (before its generator takes it)."""
+    stream._decoder = decoder
+
+
+def sdk_stream_generator(stream: Any) -> Any:
+    """The async generator behind an ``openai.AsyncStream`` (to tell whether it started)."""
+    return getattr(stream, "_iterator", None)
+
+
+def count_function(model: str) -> Callable[[str], int] | None:
+    """LiteLLM's text token counter for ``model``, or None (then ``litellm.token_counter``)."""
+    fn = internals().count_function
+    if fn is None:
+        return None
+    try:
+        return fn(model)  # type: ignore[no-any-return]
+    except Exception:
+        return None
+
+
+def supports_assistant_prefill(model: str, provider: str | None) -> bool:
+    """LiteLLM's model map: can ``model`` continue an assistant message? False if unknown."""
+    fn = internals().prefill
+    if fn is None:
+        internals().warn_missing("prefill_lookup")
+        return False
+    try:
+        return bool(fn(model, provider))
+    except Exception:
+        return False
+
+
+__all__ = [
+    "SUPPORTED",
+    "Capability",
+    "CapabilityWarning",
+    "Internals",
+    "capabilities",
+    "check_supported",
+    "client_cache_keys",
+    "count_function",
+    "deployments_of",
+    "hidden_params_of",
+    "internals",
+    "litellm_version",
+    "loop_clients",
+    "remaining_usage",
+    "report_usage_failure",
+    "report_usage_success",
+    "router_health",
+    "sdk_stream_decoder",
+    "sdk_stream_generator",
+    "set_sdk_stream_decoder",
+    "shaping_of",
+    "slot_key",
+    "supports_assistant_prefill",
+    "tracks_usage",
+]

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The unit and integration suites against several LiteLLM releases (default: the supported floor,
+# a middle release and the newest allowed), each in its own venv under .matrix/ that holds only
+# that litellm (installed --no-deps) in front of .venv's packages (scripts/setup.sh first), so a
+# leg costs one wheel download and the suites' run time.
+#   scripts/test_matrix.sh                      floor, middle and newest
+#   scripts/test_matrix.sh 1.109.3 1.110.2      these releases
+#   MATRIX_SUITES="tests/unit" scripts/test_matrix.sh   another selection of tests
+#   LANGCHAIN_CORE=1.6.1 scripts/test_matrix.sh        also a leg with langchain-core's floor
+# Tests that need a LiteLLM capability the release lacks skip naming it; nothing else skips.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+export NO_PROXY="127.0.0.1,localhost${NO_PROXY:+,$NO_PROXY}"
+
+FLOOR=1.109.3
+MIDDLE=1.110.0
+if [ "$#" -gt 0 ]; then
+  versions=("$@")
+else
+  newest=$(.venv/bin/python -m pip index versions litellm 2>/dev/null \
+    | sed -n 's/^Available versions: //p' | tr ',' '\n' | tr -d ' ' \
+    | grep -E '^1\.[0-9]+\.[0-9]+$' | head -1 || true)
+  versions=("$FLOOR" "$MIDDLE" "${newest:-$(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("litellm"))')}")
+fi
+suites=${MATRIX_SUITES:-"tests/unit tests/integration"}
+base=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+
+leg() {  # leg NAME PACKAGE==VERSION: a venv with that one package in front of .venv's
+  local name=$1 req=$2 dir=.matrix/$1
+  if [ ! -x "$dir/bin/python" ]; then
+    .venv/bin/python -m venv "$dir"
+    "$dir/bin/python" -m pip install --quiet --no-deps "$req"
+    local site
+    site=$("$dir/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    echo "import site; site.addsitedir('$base')" > "$site/zz_base.pth"
+    # the CLI tests run the console script: this leg's, on this leg's LiteLLM
+    printf '#!/bin/sh\nexec "%s" -c "import sys; from llm_resilience_plugin.cli import main; sys.exit(main())" "$@"\n' \
+      "$PWD/$dir/bin/python" > "$dir/bin/llm-resilience"
+    chmod +x "$dir/bin/llm-resilience"
+  fi
+  echo "== $name: $req"
+  # shellcheck disable=SC2086
+  "$dir/bin/python" -m pytest -q -p no:cacheprovider -rfEs $suites || failed+=("$name")
+}
+
+failed=()
+for v in "${versions[@]}"; do
+  leg "litellm-$v" "litellm==$v"
+done
+if [ -n "${LANGCHAIN_CORE:-}" ]; then
+  suites=${MATRIX_SUITES:-"tests/unit tests/langchain"}
+  leg "langchain-core-$LANGCHAIN_CORE" "langchain-core==$LANGCHAIN_CORE"
+fi
+if [ "${#failed[@]}" -gt 0 ]; then
+  echo "matrix: failed on ${failed[*]}" >&2
+  exit 1
+fi
+echo "matrix: passed on ${versions[*]}${LANGCHAIN_CORE:+ and langchain-core $LANGCHAIN_CORE}"
