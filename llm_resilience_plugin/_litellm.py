@@ -463,3 +463,19 @@ __all__ = [
     "supports_assistant_prefill",
     "tracks_usage",
 ]
+
+
+def response_format_of(schema: type) -> dict[str, Any]:
+    """The ``response_format`` LiteLLM (and the OpenAI SDK) build for a Pydantic class: its strict
+    JSON schema (closed objects, every property required). Where this LiteLLM has no builder,
+    the class's own JSON schema, named after it."""
+    try:
+        from litellm.utils import type_to_response_format_param
+    except ImportError:
+        type_to_response_format_param = None  # type: ignore[assignment]
+    if type_to_response_format_param is not None:
+        built = type_to_response_format_param(schema)
+        if built is not None:
+            return dict(built)
+    json_schema = schema.model_json_schema()  # type: ignore[attr-defined]
+    return {"type": "json_schema", "json_schema": {"name": schema.__name__, "schema": json_schema}}

@@ -88,10 +88,9 @@ def pydantic_response_format(schema: type, strict: bool) -> dict[str, Any]:
     """The ``response_format`` of a Pydantic class as the OpenAI SDK (and so ``ChatOpenAI``) sends
     it: the strict form of its schema (closed objects, every property required), marked
     ``strict`` or not."""
-    from litellm.utils import type_to_response_format_param
+    from llm_resilience_plugin._litellm import response_format_of
 
-    response_format = type_to_response_format_param(schema)
-    assert response_format is not None
+    response_format = response_format_of(schema)
     response_format["json_schema"]["strict"] = strict
     return response_format
 

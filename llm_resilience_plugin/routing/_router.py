@@ -435,12 +435,6 @@ class ResilientRouter(EndpointsMixin):
         self._finalizer()
         self._forget_secrets()
 
-
-def _grace(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
-        raise ConfigError("grace", "must be a number of seconds >= 0 (how long calls in flight may finish)")
-    return float(value)
-
     # -- the rest of litellm.Router's surface (routing/_surface.py) ------------------------------
 
     @property
@@ -476,6 +470,12 @@ def _grace(value: Any) -> float:
                 else "not a litellm.Router name this plugin knows"
             )
             raise AttributeError(f"'ResilientRouter' object has no attribute {name!r} ({hint})")
+
+
+def _grace(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+        raise ConfigError("grace", "must be a number of seconds >= 0 (how long calls in flight may finish)")
+    return float(value)
 
 
 def _refused(name: str) -> Callable[..., Any]:

@@ -213,7 +213,9 @@ async def test_anthropic_overloaded_is_retried_like_a_429_or_503(
         assert resp.choices[0].message.content
         assert sim.count("an") == 2
         # the Retry-After, whatever the status (a 429's wait is its pace's: a 0 s retry sleep first)
-        assert sum(clock.slept) == pytest.approx(2.0, abs=0.1) and max(clock.slept) == pytest.approx(2.0, abs=0.1)
+        assert sum(clock.slept) == pytest.approx(2.0, abs=0.1) and max(clock.slept) == pytest.approx(
+            2.0, abs=0.1
+        )
         failed = get_report(resp).attempts[0]  # type: ignore[union-attr]
         expected = ErrorClass.RATE_LIMIT if status == 429 else ErrorClass.SERVER
         assert (failed.error_class, failed.status) == (expected, status)

@@ -15,7 +15,10 @@ HOLD_RULES = {"pacing": {"enabled": False}}
 async def test_calls_arriving_during_a_retry_after_hold_send_nothing_to_it(make_router: RouterFactory, sim):
     clock = FakeClock()
     router = make_router(
-        {"primary": ["a"], "backup": ["b"]}, fallbacks=[{"primary": ["backup"]}], clock=clock, policy=HOLD_RULES
+        {"primary": ["a"], "backup": ["b"]},
+        fallbacks=[{"primary": ["backup"]}],
+        clock=clock,
+        policy=HOLD_RULES,
     )
     sim.script("a", Fault.rate_limit(retry_after=10))  # longer than max_wait_with_fallback: fail over
     first = await router.acompletion(model="primary", messages=MSG)
@@ -106,7 +109,10 @@ async def test_one_call_waits_out_a_hold_and_the_overflow_fails_over_at_once(mak
     from llm_resilience_plugin._engine.clock import Clock
 
     router = make_router(
-        {"primary": ["a"], "backup": ["b"]}, fallbacks=[{"primary": ["backup"]}], clock=Clock(), policy=HOLD_RULES
+        {"primary": ["a"], "backup": ["b"]},
+        fallbacks=[{"primary": ["backup"]}],
+        clock=Clock(),
+        policy=HOLD_RULES,
     )
     await router.acompletion(model="primary", messages=MSG)  # warm: the 429s below come back together
     sim.set_default("a", Fault.rate_limit(retry_after=0.3))  # "a" stays at its limit
