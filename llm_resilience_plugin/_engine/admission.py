@@ -36,9 +36,14 @@ NOTHING_PACED: Plan = (frozenset(), None)
 
 def _candidates(engine: Engine, call: CallState, group: str, exclude: frozenset[str]) -> list[str]:
     """The deployments of ``group`` this attempt may use, those it has not failed on first (each
-    half shuffled, so paced traffic spreads over the group)."""
+    half shuffled, so paced traffic spreads over the group); none while a probe is due."""
     now = engine.clock.wall()
     ids = [d for d in engine.admissible(call, group, now) if d not in exclude]
+    if any(engine.breaker_state(d) != "closed" for d in ids):
+        # A deployment is due for its probe: the breakers admit this attempt (the probe first,
+        # else a closed one), unpinned - pinning would keep the probe from ever being sent, or
+        # refuse the call when another takes the probe slot.
+        return []
     with engine.rng_lock:
         engine.rng.shuffle(ids)
     if call.failed:

@@ -37,7 +37,9 @@ def test_a_missed_threshold_exits_1_and_gives_advice(tmp_path: Path) -> None:
     scenario = tmp_path / "cut.yaml"
     scenario.write_text(
         "name: my-cut\ncalls: 4\nconcurrency: 2\nstream: true\n"
-        "timeline: {primary: [{fault: {kind: stream_cut, after_chunks: 2}}]}\n"
+        # every route cuts its streams: a cut the fallback continues is no miss on the default
+        "timeline: {primary: [{fault: {kind: stream_cut, after_chunks: 2}}],"
+        " fallback: [{fault: {kind: stream_cut, after_chunks: 2}}]}\n"
     )
     r = _run(str(CONFIG), "--scenario", str(scenario), "--plot", str(tmp_path / "t.html"))
     assert r.returncode == 1, r.stdout + r.stderr

@@ -298,7 +298,8 @@ async def test_concurrent_calls_lose_and_duplicate_no_attempt(make_router: Route
     router = make_router(
         {"primary": ["a", "b"], "backup": ["c"]},
         fallbacks=[{"primary": ["backup"]}],
-        policy={"breaker": {"fail_max": 1000}, "retry_budget": {"enabled": False}},
+        # accounting under concurrency, not latency: a deadline a loaded 2-core machine cannot miss
+        policy={"deadline": 60, "breaker": {"fail_max": 1000}, "retry_budget": {"enabled": False}},
     )
     sim.set_default("a", Fault.flaky(0.3, Fault.server_error(500), seed=1))
     sim.set_default("b", Fault.flaky(0.3, Fault.rate_limit(), seed=2))
