@@ -126,7 +126,7 @@ class HoldQueue:
             if isinstance(w, threading.Event):
                 w.set()
             else:
-                _resolve(w)
+                resolve(w)
 
     def capacity(self, dep: str) -> int:
         """Calls ``dep`` is likely to take when its hold lifts: the answers it gave since the
@@ -156,7 +156,7 @@ class HoldQueue:
         return None
 
 
-def _resolve(fut: asyncio.Future[None]) -> None:
+def resolve(fut: asyncio.Future[None]) -> None:
     """Resolve ``fut`` on its own loop, from any thread (a closed loop has nobody to wake)."""
 
     def done() -> None:

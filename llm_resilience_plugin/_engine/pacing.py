@@ -18,7 +18,6 @@ not, in how long" atomically for every worker.
 
 from __future__ import annotations
 
-import asyncio
 import heapq
 import itertools
 import math
@@ -29,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from llm_resilience_plugin._engine.clock import Clock
+from llm_resilience_plugin._engine.holds import resolve
 from llm_resilience_plugin._engine.limits import Limits
 from llm_resilience_plugin._engine.pace_learning import INCREASE_SHARE, LEARN_WINDOW, PaceLearning
 
@@ -487,19 +487,10 @@ class Pace(PaceLearning):
 
 
 def _signal(wake: Any) -> None:
-    """Wake a waiter from any thread."""
+    """Wake a waiter from any thread (a blocking caller's event, or an async one's future)."""
     if wake is None:
         return
     if isinstance(wake, threading.Event):
         wake.set()
-        return
-    fut: asyncio.Future[None] = wake
-
-    def done() -> None:
-        if not fut.done():
-            fut.set_result(None)
-
-    try:
-        fut.get_loop().call_soon_threadsafe(done)
-    except RuntimeError:
-        pass
+    else:
+        resolve(wake)
