@@ -121,13 +121,13 @@ def _decide(
         engine.paces.on = any(p.limited for p in paces.values())  # back to the fast path
         return NOTHING_PACED, None, 0.0, 0.0, 0.0, 0.0
     tokens = tokens_for(engine, group, messages, kwargs) if _wants_tokens(paces, ids) else 0.0
+    rank = engine.paces.rank_of(call)
     for d in ids:
         p = paces[d]
         if not p.admits:
             return (_pin(engine, group, d), None), None, 0.0, tokens, 0.0, 0.0
-        if p.try_take(tokens):
+        if p.try_take(tokens, rank):
             return (_pin(engine, group, d), p.grant(tokens, 0.0)), None, 0.0, tokens, 0.0, 0.0
-    rank = engine.paces.rank_of(call)
     wait, dep = min((paces[d].estimate(rank, tokens), d) for d in ids)
     pol = engine.policies[group]
     room = call.deadline.remaining() - pol.min_attempt_time
@@ -259,12 +259,13 @@ class _Sibling:
         self.others = [d for d in _candidates(engine, call, group, exclude) if d != waiting]
         self.paces = engine.paces
         self.tokens = tokens
+        self.rank = engine.paces.rank_of(call)
         self.taken: str | None = None
 
     def __call__(self) -> bool:
         for d in self.others:
             p = self.paces[d]
-            if p.try_take(self.tokens):
+            if p.try_take(self.tokens, self.rank):
                 self.taken = d
                 return True
         return False

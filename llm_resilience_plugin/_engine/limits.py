@@ -84,6 +84,14 @@ class HeaderLimit:
             return (used - 1.0) / self.reset_s
         return None
 
+    def most(self) -> float | None:
+        """The fastest refill these values allow (``remaining`` rounded down: all of ``used`` may
+        have been used): a rate above it is proved too high; None when there is nothing to tell."""
+        used = self.limit - self.remaining
+        if self.limit <= 0 or not self.reset_s or self.reset_s <= 0 or used < 1.0:
+            return None
+        return used / self.reset_s
+
 
 _PREFIXES = ("", "llm_provider-")
 # The keys whose presence says an answer states a limit (checked before any parsing).

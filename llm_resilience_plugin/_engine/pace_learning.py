@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from llm_resilience_plugin._engine.clock import Clock
-from llm_resilience_plugin._engine.limits import RATE_LIMIT_KEYS, Limits, header_limits
+from llm_resilience_plugin._engine.limits import RATE_LIMIT_KEYS, HeaderLimit, Limits, header_limits
 
 if TYPE_CHECKING:
     from llm_resilience_plugin._engine.pacing import Grant
@@ -25,6 +25,8 @@ INCREASE_SHARE = 0.05
 # A 429 without Retry-After from a deployment whose limit is unknown holds it this long (seconds),
 # and the requests it accepted in this window before the first refusal set its first pace.
 LEARN_WINDOW = 1.0
+# A first pace counted from fewer accepted requests than this is a guess (see ``probing``).
+PROBE_BELOW = 3
 # A learned limit is dropped after this long without a 429 and without the pace binding.
 FORGET_AFTER = 60.0
 
@@ -60,6 +62,10 @@ class PaceLearning:
     pending_learn: tuple[float, float] | None = None
     _learned_at = 0.0
     rate_at_429 = math.inf  # the pace a 429 last lowered (the increase slows near it)
+    # The first pace is a guess (the deployment accepted almost nothing before refusing, e.g. an
+    # incident that refused everything): it doubles each second without a 429 until one comes
+    # (TCP's slow start after a timeout), instead of creeping up from a rate nobody measured.
+    probing = False
 
     def answered_at(self, sent_at: float) -> None:
         """A request sent at ``sent_at`` (monotonic) was accepted: the first pace counts these
@@ -122,6 +128,7 @@ class PaceLearning:
                     1.0, 1.0 / lim.requests_per_s
                 ):  # only a 429 met while sending at the pace lowers it (not a stray one)
                     self.rate_at_429 = lim.requests_per_s
+                    self.probing = False
                     lim.requests_per_s = max(1.0 / 60.0, lim.requests_per_s * DECREASE)
                     self._last_decrease = now
             if hold is None and lim.requests_per_s:
@@ -152,7 +159,9 @@ class PaceLearning:
         start = at - LEARN_WINDOW
         accepted = sum(1 for t, refused in self.sends if start <= t <= at and not refused)
         lim.requests_per_s = max(1.0 / 60.0, accepted / hold) if accepted else 1.0 / hold
-        self.rate_at_429 = lim.requests_per_s  # what it accepted is as high as it is known to go
+        # What it accepted is as high as it is known to go - unless it accepted too little to say.
+        self.probing = accepted < PROBE_BELOW
+        self.rate_at_429 = math.inf if self.probing else lim.requests_per_s
         lim.request_burst = max(1.0, min(float(accepted), lim.requests_per_s))
         self._level = lim.request_burst  # the provider refilled while it held us off
         self._learned_from, self._learned_at = pending, now
@@ -172,9 +181,9 @@ class PaceLearning:
         changed = False
         if req is not None:
             rate = req.rate()
+            if cfg is not None and cfg.requests_per_s and not _proved_lower(req, rate, cfg.requests_per_s):
+                rate = None  # a configured limit stands until the provider's numbers prove it too high
             if rate is not None and self.learn:
-                if cfg is not None and cfg.requests_per_s:
-                    rate = min(rate, cfg.requests_per_s)
                 rate *= self.headroom
                 if lim.source == "headers" and lim.requests_per_s:  # readings are noisy: smooth them
                     rate = 0.5 * (lim.requests_per_s + rate)
@@ -186,9 +195,9 @@ class PaceLearning:
                 self._level = min(self._level, req.remaining - since)
         if tok is not None:
             rate = tok.rate()
+            if cfg is not None and cfg.tokens_per_s and not _proved_lower(tok, rate, cfg.tokens_per_s):
+                rate = None
             if rate is not None and self.learn:
-                if cfg is not None and cfg.tokens_per_s:
-                    rate = min(rate, cfg.tokens_per_s)
                 rate *= self.headroom
                 if lim.source == "headers" and lim.tokens_per_s:
                     rate = 0.5 * (lim.tokens_per_s + rate)
@@ -223,3 +232,9 @@ class PaceLearning:
                     )
                 else:
                     self.limits = Limits()
+
+
+def _proved_lower(h: HeaderLimit, rate: float | None, configured: float) -> bool:
+    """Do a precise reading's numbers put the provider's limit below the configured one?"""
+    most = h.most()
+    return rate is not None and most is not None and most < configured

@@ -3,6 +3,7 @@ each deployment's own ``rpm``/``tpm``, told of every answer and 429, and asked b
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -14,6 +15,28 @@ from llm_resilience_plugin.events import DeploymentInfo
 from llm_resilience_plugin.policy import ResiliencePolicy
 
 PaceFor = Callable[[DeploymentInfo], SharedPace | None]
+_warmed: set[str] = set()
+_warm_lock = threading.Lock()
+
+
+def warm_token_counter(model: str) -> None:
+    """Load LiteLLM's tokenizer for ``model`` on a background thread, once per process: a token
+    limit counts every paced request's input, and the first count loads the tokenizer (a second
+    or more), which would otherwise be the first paced call's wait."""
+    with _warm_lock:
+        if model in _warmed:
+            return
+        _warmed.add(model)
+
+    def load() -> None:
+        try:
+            import litellm
+
+            litellm.token_counter(model=model, text="warm")
+        except Exception:  # a failed warm-up only means the first count loads it
+            pass
+
+    threading.Thread(target=load, name="llm-resilience-token-counter", daemon=True).start()
 
 
 class Paces(dict[str, Pace]):
@@ -42,9 +65,12 @@ class Paces(dict[str, Pace]):
                 shared=pace_for(info) if pace_for is not None and limits is not None else None,
                 fail_closed=pacing.on_shared_state_error == "fail_closed",
             )
+            pace.tiers = len(policy.tiers)
             if not pacing.enabled:
                 pace.end_slow_start()
             self[info.id] = pace
+            if limits is not None and limits.tokens_per_s is not None and pacing.enabled:
+                warm_token_counter(info.model)
         # While any deployment is paced (a limit, a 429 seen, its slow start) attempts ask for
         # admission; admission turns it off again once nothing is.
         self.on = pacing.enabled

@@ -44,16 +44,29 @@ SLOW_START_OPEN = 1024
 # The output tokens a request without max_tokens reserves against a token limit (corrected when
 # its usage is known).
 DEFAULT_OUTPUT_TOKENS = 256
+# Priority across a fleet: a shared bucket lets a call of tier rank r (of n) take a slot only while
+# FLEET_RESERVE * r / (n - 1) of the bucket's burst stays behind it, so the lower tiers leave the
+# last slots to the higher ones on every worker. The bucket still refills at the whole rate and the
+# lower tiers use all of it once they wait (they hover at their reserve): it costs no throughput,
+# only the lower tiers' first burst. (Within one process the queue orders the tiers.)
+FLEET_RESERVE = 0.5
 
 
 class SharedPace(Protocol):
     """A fleet-wide bucket pair for one deployment (see ``shared_state.RedisPace``)."""
 
     def take(
-        self, requests_per_s: float, burst: float, tokens_per_s: float | None, tburst: float, tokens: float
+        self,
+        requests_per_s: float,
+        burst: float,
+        tokens_per_s: float | None,
+        tburst: float,
+        tokens: float,
+        reserve: float = 0.0,
     ) -> float | None:
-        """Take one request (and ``tokens``) now: 0.0 when taken, else the seconds until it would
-        fit; None when the shared store cannot answer (the caller decides: local share or refuse)."""
+        """Take one request (and ``tokens``) now, leaving ``reserve`` (a share of each burst) for
+        higher tiers: 0.0 when taken, else the seconds until it would fit; None when the shared
+        store cannot answer (the caller decides: local share or refuse)."""
 
     def refund(self, tokens: float) -> None:
         """Give back ``tokens`` reserved but not used (or take more, when negative)."""
@@ -121,6 +134,11 @@ class Pace(PaceLearning):
         self._tlevel = self.limits.token_burst
         self._updated = now
         self._hold_until = 0.0
+        # The shared bucket refused a call of tier rank ``_shared_rank``: that tier and lower ones
+        # do not ask it again before ``_shared_until`` (a higher tier may: its reserve is smaller).
+        self._shared_until = 0.0
+        self._shared_rank = math.inf
+        self.tiers = 4  # the policy's tier count (the fleet reserve's scale; set by Paces)
         self.waiting: list[Waiter] = []
         self._last_429 = -math.inf
         self._last_decrease = -math.inf
@@ -150,7 +168,7 @@ class Pace(PaceLearning):
             lim.requests_per_s is not None
             or lim.tokens_per_s is not None
             or (self._ss_start is not None and not self._ss_over)
-            or self._hold_until > self.clock.monotonic()
+            or max(self._hold_until, self._shared_until) > self.clock.monotonic()
             or bool(self.waiting)
         )
 
@@ -243,7 +261,9 @@ class Pace(PaceLearning):
             if now - self._last_429 >= 1.0 and lim.source != "headers" and lim.requests_per_s < cap:
                 steps = int(now - self._last_increase)
                 step = max(1.0, INCREASE_SHARE * lim.requests_per_s)
-                if lim.requests_per_s >= 0.9 * self.rate_at_429:
+                if self.probing:  # a guessed first pace: double until a 429 says where the limit is
+                    step = lim.requests_per_s * (2.0**steps - 1.0) / steps
+                elif lim.requests_per_s >= 0.9 * self.rate_at_429:
                     step *= 0.1  # near the rate the last 429 came at: probe, do not push (CUBIC's plateau)
                 lim.requests_per_s = min(cap, lim.requests_per_s + steps * step)
             self._last_increase = now
@@ -274,10 +294,13 @@ class Pace(PaceLearning):
         if lim.tokens_per_s is not None:
             self._tlevel -= tokens
 
-    def _wait_for(self, ahead_requests: float, ahead_tokens: float, now: float) -> float:
-        """Seconds until ``ahead_requests`` requests and ``ahead_tokens`` tokens fit (lock held)."""
+    def _wait_for(self, ahead_requests: float, ahead_tokens: float, now: float, rank: float) -> float:
+        """Seconds until ``ahead_requests`` requests and ``ahead_tokens`` tokens fit for a call of
+        tier ``rank`` (lock held)."""
         lim = self.limits
         hold = max(0.0, self._hold_until - now)
+        if rank >= self._shared_rank:
+            hold = max(hold, self._shared_until - now)
         wait = hold
         if not self._ss_over and self._ss_start is not None:
             need = self.inflight + ahead_requests
@@ -332,14 +355,14 @@ class Pace(PaceLearning):
             if head.gone:
                 heapq.heappop(q)
                 continue
-            if not self._fits(head.tokens) or not self._shared_take(head.tokens):
+            if not self._fits(head.tokens) or not self._shared_take(head.tokens, head.rank, now):
                 return
             heapq.heappop(q)
             self._take(head.tokens)
             head.granted = True
             _signal(head.wake)
 
-    def _shared_take(self, tokens: float) -> bool:
+    def _shared_take(self, tokens: float, rank: float, now: float) -> bool:
         """The fleet's slot too, when the buckets are shared (local buckets already allow it)."""
         shared = self.shared
         if shared is None:
@@ -347,26 +370,33 @@ class Pace(PaceLearning):
         lim = self.limits
         if lim.requests_per_s is None and lim.tokens_per_s is None:
             return True
+        if now < self._shared_until and rank >= self._shared_rank:
+            return False  # refused lately at this tier: its wait is not over
+        reserve = FLEET_RESERVE * min(1.0, rank / max(1, self.tiers - 1))
         answer = shared.take(
-            lim.requests_per_s or 0.0, lim.request_burst, lim.tokens_per_s, lim.token_burst, tokens
+            lim.requests_per_s or 0.0, lim.request_burst, lim.tokens_per_s, lim.token_burst, tokens, reserve
         )
         if answer is None:  # the store cannot say: the local share decides, unless fail-closed
             return not self.fail_closed
         if answer > 0:
-            self._hold_until = max(self._hold_until, self.clock.monotonic() + min(answer, 5.0))
+            if now >= self._shared_until:
+                self._shared_rank = math.inf
+            self._shared_until = max(self._shared_until, now + min(answer, 5.0))
+            self._shared_rank = min(self._shared_rank, rank)
             return False
         return True
 
     # -- admission ---------------------------------------------------------------------------
 
-    def try_take(self, tokens: float = 0.0) -> bool:
-        """Take a slot at once if nobody waits and one is free (no queue, no sleep)."""
+    def try_take(self, tokens: float = 0.0, rank: float = 0) -> bool:
+        """Take a slot at once for a call of tier ``rank`` if nobody waits and one is free (no
+        queue, no sleep)."""
         now = self.clock.monotonic()
         with self.lock:
             self._refill(now)
             if self.waiting or self._hold_until > now or not self._fits(tokens):
                 return False
-            if not self._shared_take(tokens):
+            if not self._shared_take(tokens, rank, now):
                 return False
             self._take(tokens)
             self.granted += 1
@@ -384,7 +414,7 @@ class Pace(PaceLearning):
             n, toks = self._ahead(rank, math.inf)  # type: ignore[arg-type]
             tb = self.limits.token_burst
             mine = min(tokens, tb) if self.limits.tokens_per_s else 0.0
-            return self._wait_for(n + 1.0, toks + mine, now)
+            return self._wait_for(n + 1.0, toks + mine, now, rank)
 
     def join(self, rank: int, tokens: float = 0.0) -> Waiter:
         """Queue a waiter (it is granted by :meth:`wait_async` / :meth:`wait_blocking`)."""
@@ -420,7 +450,7 @@ class Pace(PaceLearning):
             return None
         n, toks = self._ahead(w.rank, w.seq)
         self.last_bound = now
-        return max(0.001, self._wait_for(n, toks, now))
+        return max(0.001, self._wait_for(n, toks, now, w.rank))
 
     def turn(
         self, w: Waiter, started: float, give_up_at: float, leave_at: float, wake: Any

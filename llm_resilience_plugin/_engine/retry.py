@@ -185,8 +185,15 @@ class GroupRetryState:
         if cp.action != "retry":
             self.gave_up_reason = f"{f.error_class} is not retried ({cp.action})"
             return False
-        allowed = cp.max_retries if self.retry_cap is None else min(cp.max_retries, self.retry_cap)
+        allowed = cp.max_retries
+        if self.retry_cap is not None and not self._paced_429(f):
+            # A tier's cap keeps its retries from adding load; a paced 429's retry adds none: it
+            # waits in the deployment's priority queue for a slot of its own.
+            allowed = min(allowed, self.retry_cap)
         return self._take(f.error_class, allowed)
+
+    def _paced_429(self, f: Failure) -> bool:
+        return self.pacing and f.error_class is ErrorClass.RATE_LIMIT and f.status is not None
 
     def _sibling_free(self) -> bool:
         """Is a deployment of the group this call has not failed on free now (breaker closed, no
@@ -208,12 +215,7 @@ class GroupRetryState:
 
     def wait(self, retry_state: tenacity.RetryCallState) -> float:
         exc = retry_state.outcome.exception() if retry_state.outcome else None
-        if (
-            self.pacing
-            and isinstance(exc, AttemptFailed)
-            and exc.failure.error_class is ErrorClass.RATE_LIMIT
-            and exc.failure.status is not None
-        ):
+        if isinstance(exc, AttemptFailed) and self._paced_429(exc.failure):
             return 0.0  # the deployment's pace holds the next attempt until its slot
         retry_number = retry_state.attempt_number
         delay = backoff_delay(self.policy.backoff, retry_number, self.rng)

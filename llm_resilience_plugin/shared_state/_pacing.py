@@ -28,23 +28,30 @@ PACE_SCRIPTS = {
 
 
 class _LocalShare:
-    """This process's share of the limit while Redis is away: a plain token bucket pair."""
+    """This process's share of the limit while Redis is away: a plain token bucket pair. It starts
+    empty: the fleet may just have spent the provider's burst, so the share is paced from the first
+    request on (at its rate), never sent as a burst on top of the fleet's."""
 
     def __init__(self) -> None:
         self.level: float | None = None
         self.tlevel: float | None = None
         self.at = time.monotonic()
 
-    def take(self, rate: float, burst: float, trate: float | None, tburst: float, tokens: float) -> float:
+    def take(
+        self, rate: float, burst: float, trate: float | None, tburst: float, tokens: float, reserve: float
+    ) -> float:
         now = time.monotonic()
         dt, self.at = now - self.at, now
-        self.level = burst if self.level is None else min(burst, self.level + dt * rate)
-        self.tlevel = tburst if self.tlevel is None else min(tburst, self.tlevel + dt * (trate or 0.0))
+        self.level = 0.0 if self.level is None else min(burst, self.level + dt * rate)
+        self.tlevel = 0.0 if self.tlevel is None else min(tburst, self.tlevel + dt * (trate or 0.0))
         wait = 0.0
-        if rate > 0 and self.level < 1:
-            wait = (1 - self.level) / rate
-        if trate and tokens > 0 and self.tlevel < min(tokens, tburst):
-            wait = max(wait, (min(tokens, tburst) - self.tlevel) / trate)
+        need = 1.0 + reserve * max(0.0, burst - 1.0)
+        if rate > 0 and self.level < need:
+            wait = (need - self.level) / rate
+        tneed = min(tokens, tburst)
+        tneed += reserve * max(0.0, tburst - tneed)
+        if trate and tokens > 0 and self.tlevel < tneed:
+            wait = max(wait, (tneed - self.tlevel) / trate)
         if wait > 0:
             return wait
         if rate > 0:
@@ -69,17 +76,24 @@ class RedisPace:
         shared.load_scripts(PACE_SCRIPTS)
 
     def take(
-        self, requests_per_s: float, burst: float, tokens_per_s: float | None, tburst: float, tokens: float
+        self,
+        requests_per_s: float,
+        burst: float,
+        tokens_per_s: float | None,
+        tburst: float,
+        tokens: float,
+        reserve: float = 0.0,
     ) -> float | None:
-        """0.0 when a slot (and ``tokens``) was taken fleet-wide; else the seconds until one fits;
-        None while Redis cannot answer and the policy is fail-closed."""
+        """0.0 when a slot (and ``tokens``) was taken fleet-wide, ``reserve`` of each burst left to
+        higher tiers; else the seconds until one fits; None while Redis cannot answer and the
+        policy is fail-closed."""
         self._tburst = tburst
         args = [repr(requests_per_s), repr(burst), repr(tokens_per_s or 0.0), repr(tburst), repr(tokens)]
         try:
             reply = self.shared.run(
                 "pace",
                 [f"{self.key}:requests", f"{self.key}:tokens", f"{self.key}:workers"],
-                [*args, KEY_TTL, self.worker],
+                [*args, KEY_TTL, self.worker, repr(reserve)],
             )
         except SharedStateUnavailable:
             if self.fail_closed:
@@ -92,8 +106,12 @@ class RedisPace:
                     (tokens_per_s or 0.0) * share if tokens_per_s else None,
                     max(1.0, tburst * share),
                     tokens,
+                    reserve,
                 )
         self.workers = max(1, int(float(text(reply[1]))))
+        if self.local.level is not None:
+            with self._mu:
+                self.local = _LocalShare()  # Redis is back: a next outage starts its share empty
         return float(text(reply[0]))
 
     def refund(self, tokens: float) -> None:

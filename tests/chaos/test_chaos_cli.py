@@ -59,3 +59,21 @@ def test_mistakes_exit_2_naming_the_field(tmp_path: Path) -> None:
     assert r.returncode == 2 and "timeline.nowhere" in r.stderr
     r = _run(str(CONFIG), "--only", "nope")
     assert r.returncode == 2 and "unknown scenario" in r.stderr
+
+
+def test_a_rate_limited_scenario_enforces_the_limit_and_the_plugin_paces_to_it(tmp_path: Path) -> None:
+    scenario = tmp_path / "limited.yaml"
+    scenario.write_text(
+        "name: my-limit\ncalls: 16\nrate: 16\n"
+        "limits: {primary: {rpm: 360, retry_after: 0.5}, fallback: {rpm: 360, retry_after: 0.5}}\n"
+    )
+    out = tmp_path / "c.json"
+    r = _run(str(CONFIG), "--scenario", str(scenario), "--json", str(out))
+    doc = json.loads(out.read_text())
+    (row,) = doc["scenarios"]
+    plugin, plain = row["plugin"], row["litellm"]
+    assert plugin["success_rate"] == 1.0, r.stdout + r.stderr  # every call answered within its deadline
+    assert plugin["paced_share"] > 0  # some waited for the provider's limit instead of a 429
+    # The provider refused the plain Router's burst: its requests per call show the 429s it met.
+    assert plain["upstream_per_call"] > 1.0
+    assert plugin["upstream_per_call"] <= plain["upstream_per_call"]

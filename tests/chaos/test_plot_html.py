@@ -113,6 +113,24 @@ def test_an_advice_line_for_each_number_the_plugin_loses() -> None:
     assert "on 8 calls is inconclusive" in line
 
 
+def test_advice_does_not_call_answering_more_calls_a_loss() -> None:
+    from dataclasses import replace
+
+    # Slower at p99 but more calls answered: said as such, not "lower attempt_timeout".
+    (line,) = behind("x", _metrics(40, 1.0, 9.0), _metrics(40, 0.7, 6.0), min_sample=20)
+    assert "with more calls answered (100% vs 70%)" in line and "resilience.deadline" in line
+    # Calls held back for a rate limit, fewer requests sent: the pacing is named, with the fix.
+    paced = replace(_metrics(40, 1.0, 9.0, upstream=1.4), paced_share=0.6)
+    (line,) = behind("x", paced, _metrics(40, 1.0, 6.0, upstream=1.8), min_sample=20)
+    assert "held 60% of the calls back" in line and "rpm/tpm in litellm_params" in line
+    # Spend is compared per answered call: answering more calls at the same price is no loss.
+    more = replace(_metrics(40, 1.0, 0.4), spend=0.0002)
+    assert behind("x", more, replace(_metrics(40, 0.7, 0.4), spend=0.00014), min_sample=20) == []
+    pricier = replace(_metrics(40, 1.0, 0.4), spend=0.0004)
+    (line,) = behind("x", pricier, replace(_metrics(40, 1.0, 0.4), spend=0.0002), min_sample=20)
+    assert "spend per answered call" in line
+
+
 def test_a_png_without_matplotlib_is_refused_before_any_scenario_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -15,7 +15,7 @@ from llm_resilience_plugin.testing.chaos._target import simulated_target
 CATALOGUE = {
     "storm-429-retry-after", "storm-429", "deployment-down", "provider-down", "silent-provider",
     "slow-first-token", "stream-cut", "flapping", "context-overflow", "revoked-key", "quota",
-    "three-providers-95", "budget-runs-out",
+    "three-providers-95", "budget-runs-out", "rate-limited",
 }  # fmt: skip
 
 
@@ -52,6 +52,10 @@ def test_a_bad_scenario_is_a_config_error_naming_the_field(tmp_path: Path) -> No
         )
     with pytest.raises(ConfigError, match="concurrency"):
         scenario_from_mapping({"name": "x", "rate": 2, "concurrency": 3})
+    with pytest.raises(ConfigError, match=r"limits\.primary: .*rpm, tpm or both"):
+        scenario_from_mapping({"name": "x", "limits": {"primary": {"retry_after": 1}}})
+    with pytest.raises(ConfigError, match=r"limits\.primary\.rpm"):
+        scenario_from_mapping({"name": "x", "limits": {"primary": {"rpm": -5}}})
     path = tmp_path / "mine.yaml"
     path.write_text("name: mine\ncalls: 3\ntimeline: {all: [{fault: {kind: auth}}]}\n")
     assert load_scenario(path).calls == 3

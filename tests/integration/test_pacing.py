@@ -221,3 +221,24 @@ async def test_prometheus_shows_queue_limit_grants_and_waits_by_tier(make_router
         assert waits is not None and waits >= 4  # the calls past the burst of 10 waited
     finally:
         detach()
+
+
+@pytest.mark.parametrize("priority", ["P3", "P2"])
+def test_a_tier_without_retries_still_waits_out_a_paced_429(make_router: RouterFactory, sim, priority):
+    # P3 has max_retries 0, P2 one: a tier's cap keeps retries from adding load, and a paced 429's
+    # retry adds none (it waits for a slot of its own), so a lone 429 does not fail the call.
+    router = make_router(
+        {"primary": ["a"]}, policy={"deadline": 30, "pacing": {"limits": {"primary": {"rpm": 6000}}}}
+    )
+    from llm_resilience_plugin.testing import Fault
+
+    sim.script("a", Fault.rate_limit(retry_after=0.05), Fault.rate_limit(retry_after=0.05))
+    resp = router.completion(model="primary", messages=MSG, priority=priority)
+    report = get_report(resp)
+    assert report is not None and report.outcome == "success" and report.upstream_requests == 3
+    # Not a paced deployment: the tier's cap holds as before.
+    plain = make_router({"primary": ["b"]}, policy={"deadline": 30, "pacing": {"enabled": False}})
+    sim.script("b", Fault.rate_limit(retry_after=0.05))
+    if priority == "P3":
+        with pytest.raises(litellm.RateLimitError):
+            plain.completion(model="primary", messages=MSG, priority=priority)

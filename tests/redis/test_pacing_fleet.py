@@ -71,12 +71,31 @@ def test_two_workers_together_stay_within_one_limit(two_workers):
 
 def test_tokens_are_shared_and_refunds_reach_the_fleet(two_workers):
     a, b = two_workers
-    limits = Limits(None, 1.0, 100.0, 100.0, "config")  # 100 tokens/s, 100 at once
+    limits = Limits(None, 1.0, 100.0, 200.0, "config")  # 100 tokens/s, 200 at once
     pa, pb = _pace(a, limits), _pace(b, limits)
-    assert pa.try_take(80)
+    assert pa.try_take(80)  # a new fleet bucket starts half full: 100
     pa.on_answer(None, 80, 10)  # it used 10: 70 back to the fleet
     assert pb.try_take(80)  # 20 left + 70 refunded: fits (without the refund it would not)
     assert not pa.try_take(80)  # the other worker sees what pb took
+
+
+def test_a_new_fleet_bucket_starts_half_full(two_workers):
+    a, _ = two_workers
+    pace = _pace(a, Limits(0.01, 10.0, None, 0.0, "config"))  # 10 at once, refilling very slowly
+    taken = sum(pace.try_take() for _ in range(10))
+    assert taken == 5  # the provider's bucket may not be full: half a burst, not all of it
+
+
+def test_lower_tiers_leave_the_last_slots_of_the_fleet_to_higher_ones(two_workers):
+    a, b = two_workers
+    limits = Limits(0.01, 21.0, None, 0.0, "config")  # starts at 10.5, refilling very slowly
+    low, high = _pace(a, limits), _pace(b, limits)  # two workers; P0..P3 (4 tiers)
+    p3 = sum(low.try_take(0.0, rank=3) for _ in range(10))
+    # P3 leaves half the burst (10) behind: it takes while 1 + 10 fit, i.e. none of the 10.5.
+    assert p3 == 0
+    p1 = sum(low.try_take(0.0, rank=1) for _ in range(10))  # P1 leaves a sixth (3.33) behind
+    assert p1 == 7  # 10.5 -> 3.5 (below 1 + 3.33 it stops)
+    assert sum(high.try_take(0.0, rank=0) for _ in range(10)) == 3  # P0, on the other worker: the rest
 
 
 def test_redis_away_paces_at_a_local_share_or_fails_closed(two_workers):
@@ -86,6 +105,9 @@ def test_redis_away_paces_at_a_local_share_or_fails_closed(two_workers):
     closed = _pace(a, limits, fail_closed=True)
     assert shared_pace.try_take()
     a.mark_down(ConnectionError("gone"))  # Redis unreachable for retry_interval
-    time.sleep(0.15)
+    # The local share starts empty (the fleet may just have spent the provider's burst) and fills
+    # at this worker's share of the rate (10/s over the workers seen): a slot within 0.2 s.
+    assert not shared_pace.try_take()
+    time.sleep(0.25)
     assert shared_pace.try_take()  # its local share goes on
     assert not closed.try_take()  # fail-closed: nothing sent while the fleet's count is unknown

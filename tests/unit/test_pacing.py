@@ -240,6 +240,84 @@ def test_a_binding_learned_pace_grows_additively_without_429s_up_to_a_configured
     pace.leave(w)
 
 
+def test_a_first_pace_guessed_from_nothing_accepted_doubles_each_second_until_a_429():
+    clock = Manual()
+    pace = Pace("d", clock, headroom=1.0)
+    for _ in range(20):
+        pace.on_rate_limited(1.0, None, 0.0)  # an incident: everything refused, nothing accepted
+    clock.t += 1.01
+    pace.settle_learning()
+    assert pace.probing and pace.limits.requests_per_s == pytest.approx(1.0)  # a guess: 1 / hold
+    w = pace.join(rank=1)  # the pace binds
+    for _ in range(4):
+        clock.t += 1.0
+        pace.estimate(rank=1)
+    assert pace.limits.requests_per_s == pytest.approx(16.0)  # 1 -> 2 -> 4 -> 8 -> 16
+    pace.on_rate_limited(None, None, 0.0)  # the limit found: multiplicative decrease, then additive
+    assert not pace.probing and pace.limits.requests_per_s == pytest.approx(16.0 * 0.7)
+    pace.leave(w)
+
+
+def test_a_first_pace_measured_from_what_was_accepted_is_not_a_guess():
+    clock = Manual()
+    pace = Pace("d", clock)
+    for _ in range(10):
+        pace.answered_at(clock.t - 0.01)
+    pace.on_rate_limited(1.0, None, 0.0)
+    clock.t += 1.01
+    pace.settle_learning()
+    assert not pace.probing and pace.rate_at_429 == pytest.approx(10.0)
+
+
+@pytest.mark.parametrize(
+    ("remaining", "reset", "rate"),
+    [
+        ("4", "600ms", 9.5),  # used 6 in 0.6 s: up to 10/s - the configured 10/s is not proved too high
+        ("4", "1.2s", 0.95 * 5 / 1.2),  # used 6 in 1.2 s: at most 5/s - the provider's limit is lower
+    ],
+)
+def test_headers_lower_a_configured_limit_only_when_they_prove_it_too_high(remaining, reset, rate):
+    clock = Manual()
+    pace = Pace("d", clock, configured=configured_limits({"rpm": 600}), headroom=0.95)
+    headers = {
+        "x-ratelimit-limit-requests": "10",
+        "x-ratelimit-remaining-requests": remaining,
+        "x-ratelimit-reset-requests": reset,
+    }
+    pace.on_answer(headers, 0.0, None)
+    assert pace.limits.requests_per_s == pytest.approx(rate)
+
+
+class _Fleet:
+    """A shared bucket that refuses whoever asks with a reserve (a lower tier), recording asks."""
+
+    def __init__(self) -> None:
+        self.asked: list[float] = []
+
+    def take(self, rps: float, burst: float, tps: Any, tburst: float, tokens: float, reserve: float = 0.0):
+        self.asked.append(reserve)
+        return 0.5 if reserve > 0 else 0.0
+
+    def refund(self, tokens: float) -> None:
+        pass
+
+
+def test_a_fleet_refusal_holds_back_that_tier_and_lower_but_not_a_higher_one():
+    clock = Manual()
+    fleet = _Fleet()
+    pace = Pace("d", clock, configured=configured_limits({"rpm": 6000}), headroom=1.0, shared=fleet)
+    assert not pace.try_take(rank=3)  # P3 asks with half the burst as its reserve: refused
+    assert fleet.asked == [0.5]
+    assert not pace.try_take(rank=3)  # not asked again: its wait is not over
+    assert fleet.asked == [0.5]
+    assert not pace.try_take(rank=2)  # a higher tier asks (a smaller reserve)
+    assert pace.try_take(rank=0)  # a P0 asks (no reserve) and gets its slot
+    assert fleet.asked == [0.5, pytest.approx(1 / 3), 0.0]
+    assert not pace.try_take(rank=3) and len(fleet.asked) == 3  # P3 still waits
+    clock.t += 0.6
+    assert not pace.try_take(rank=3) and fleet.asked[-1] == 0.5  # its wait over, P3 asks again
+
+
 def test_headers_set_the_pace_and_the_level_counts_the_slots_granted_since():
     clock = Manual()
     pace = Pace("d", clock, headroom=1.0)

@@ -46,6 +46,8 @@ class Metrics:
     spend: float
     errors: dict[str, int]
     served: dict[str, int]
+    paced_share: float = 0.0
+    """The share of calls the plugin held back for a deployment's rate limit (queued)."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for the JSON report."""
@@ -155,6 +157,7 @@ def measure(run: RunResult, spec: RouterSpec) -> Metrics:
         spend=spend,
         errors=dict(Counter(c.error or "?" for c in calls if not c.ok)),
         served=dict(by_dep),
+        paced_share=sum(1 for c in calls if c.queued > 0.01) / max(1, len(calls)),
     )
 
 
@@ -220,9 +223,25 @@ def behind(scenario: str, plugin: Metrics, plain: Metrics, *, min_sample: int) -
             f"{dict(sorted(plugin.errors.items()))} say which class gave up; check that class's "
             "action and max_retries, the deadline and the fallbacks (llm-resilience check prints them)"
         )
+    answered_more = plugin.success_rate > plain.success_rate
     if plugin.p99_s > 1.2 * plain.p99_s and plugin.p99_s - plain.p99_s > 0.05:
         gap = f"p99 ({plugin.p99_s:.2f} s vs {plain.p99_s:.2f} s)"
-        if small:
+        if answered_more:
+            out.append(
+                f"{scenario}: {gap} with more calls answered ({plugin.success_rate:.0%} vs "
+                f"{plain.success_rate:.0%}): the plain Router's p99 ends at its failures, the plugin's "
+                "at the waits (for capacity, a retry, a fallback) that answered them; a shorter "
+                "resilience.deadline trades those answers for latency"
+            )
+        elif plugin.paced_share > 0 and plugin.upstream_per_call <= plain.upstream_per_call:
+            out.append(
+                f"{scenario}: {gap}: the plugin held {plugin.paced_share:.0%} of the calls back to the "
+                f"provider's rate limit instead of sending them into 429s (upstream requests per call "
+                f"{plugin.upstream_per_call:.2f} vs {plain.upstream_per_call:.2f}); with the "
+                "deployment's rpm/tpm in litellm_params it paces at the stated limit from the first "
+                "call, else at one it learns from the 429s"
+            )
+        elif small:
             out.append(
                 f"{scenario}: {gap} on {min(plugin.calls, plain.calls)} calls is inconclusive "
                 "(a scenario file with more calls tells)"
@@ -246,9 +265,12 @@ def behind(scenario: str, plugin: Metrics, plain: Metrics, *, min_sample: int) -
             f"{lead} requests to a dead route ({plugin.to_dead_route} vs {plain.to_dead_route}): "
             "a lower breaker.fail_max opens the breaker sooner"
         )
-    if plugin.spend > 1.05 * plain.spend and plugin.spend - plain.spend > 1e-6:
+    # Spend per answered call: answering more calls costs more, and is not a loss.
+    per_plugin = plugin.spend / max(1e-9, plugin.success_rate * plugin.calls)
+    per_plain = plain.spend / max(1e-9, plain.success_rate * plain.calls)
+    if plain.success_rate > 0 and per_plugin > 1.05 * per_plain and plugin.spend - plain.spend > 1e-6:
         out.append(
-            f"{lead} spend (${plugin.spend:.6f} vs ${plain.spend:.6f}): more calls were answered by a "
-            "pricier fallback; order the fallbacks by price, or let the breaker reset sooner"
+            f"{lead} spend per answered call (${per_plugin:.7f} vs ${per_plain:.7f}): more calls were "
+            "answered by a pricier fallback; order the fallbacks by price, or let the breaker reset sooner"
         )
     return out

@@ -15,8 +15,9 @@ from typing import Any
 
 from llm_resilience_plugin.events import BreakerTransition, StreamRestart
 from llm_resilience_plugin.policy import RouterSpec, local_router_settings, offline_spec
+from llm_resilience_plugin.routing import get_report
 from llm_resilience_plugin.testing._simulator import ProviderSimulator, RequestRecord
-from llm_resilience_plugin.testing.chaos._scenario import Scenario
+from llm_resilience_plugin.testing.chaos._scenario import RateLimit, Scenario
 from llm_resilience_plugin.testing.chaos._target import Target, simulated_target
 
 __all__ = [
@@ -60,6 +61,9 @@ class CallResult:
     error: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    queued: float = 0.0
+    """Seconds the plugin held the call back for a deployment's rate limit (its report's
+    ``queued_s``; 0 for a plain Router)."""
 
     @property
     def latency(self) -> float:
@@ -176,19 +180,21 @@ class _Caller:
         if sc.tools:
             kwargs["tools"] = [_TOOL]
         start = time.monotonic() - self.t0
+        answer: Any = None
         try:
             if sc.stream:
                 kwargs["stream_options"] = {"include_usage": True}
 
                 async def streamed() -> tuple[bool, str | None, int, int]:
-                    stream = await self.router.acompletion(
+                    nonlocal answer
+                    stream = answer = await self.router.acompletion(
                         model=self.primary, messages=self.messages, stream=True, **kwargs
                     )
                     return await _judge_stream(stream)
 
                 ok, error, pt, ct = await asyncio.wait_for(streamed(), CALL_CAP)
             else:
-                resp = await asyncio.wait_for(
+                resp = answer = await asyncio.wait_for(
                     self.router.acompletion(model=self.primary, messages=self.messages, **kwargs),
                     CALL_CAP,
                 )
@@ -196,9 +202,12 @@ class _Caller:
         except TimeoutError:
             ok, error, pt, ct = False, f"still running after {CALL_CAP:g} s", 0, 0
         except Exception as exc:
+            answer = exc
             ok, error, pt, ct = False, type(exc).__name__, 0, 0
         end = time.monotonic() - self.t0
-        return CallResult(tag, start, end, ok, error, pt, ct)
+        report = get_report(answer) if answer is not None else None
+        queued = report.queued_s if report is not None else 0.0
+        return CallResult(tag, start, end, ok, error, pt, ct, queued)
 
 
 def timeline_events(target: Target, scenario: Scenario) -> list[tuple[float, str, Any]]:
@@ -271,6 +280,7 @@ class Prepared:
     target: Target
     router: Any
     events: list[tuple[float, str, Any]]
+    limits: list[tuple[str, RateLimit]]
 
     def close(self) -> None:
         """Close the router (the plugin's; a plain Router has nothing to close)."""
@@ -298,10 +308,11 @@ def prepare(
         fallbacks=spec.fallback_chain(primary, None),
     )
     events = timeline_events(target, scenario)
+    limits = [(d.sim_name, lim) for sel, lim in scenario.limits.items() for d in target.select(sel)]
     for dep in target.deployments:
         sim.set_default(dep.sim_name, scenario.healthy.behavior())
     router = _build(system, spec, raw_settings, target, scenario)
-    return Prepared(sim, scenario, system, target, router, events)
+    return Prepared(sim, scenario, system, target, router, events, limits)
 
 
 async def warm_up(p: Prepared, calls: int = 2) -> None:
@@ -320,6 +331,10 @@ async def execute(p: Prepared, progress: Callable[[], None] = lambda: None) -> R
     t0 = time.monotonic()
     for _, name, behavior in (e for e in p.events if e[0] <= 0):
         sim.set_default(name, behavior)
+    for name, lim in p.limits:  # full buckets at the start: the warm-up spent none of them
+        sim.rate_limit(
+            name, lim.rpm, lim.tpm, burst_s=lim.burst_s, retry_after=lim.retry_after, headers=lim.headers
+        )
     if system == "plugin":
 
         def on_event(event: Any) -> None:

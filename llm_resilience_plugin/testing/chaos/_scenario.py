@@ -9,6 +9,8 @@ A scenario is YAML (the built-in catalogue ships in the same format, in ``scenar
     timeline:
       primary[0]:        # a selector (see below) -> phases, each from `at` to `until` seconds
         - {at: 0, until: 2, fault: {kind: server_error, status: 503}}
+    limits:
+      primary: {rpm: 120, retry_after: 1}   # a provider's rate limit, enforced with real 429s
 
 Selectors: ``primary`` (every deployment of the group the calls ask for), ``primary[0]`` (its
 first), ``fallback`` / ``fallback[0]`` (the first fallback group), ``primary-provider`` (every
@@ -29,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from llm_resilience_plugin.errors import ConfigError
 from llm_resilience_plugin.testing._fault_spec import FaultSpec
 
-__all__ = ["Phase", "Scenario", "builtin_scenarios", "load_scenario", "scenario_from_mapping"]
+__all__ = ["Phase", "RateLimit", "Scenario", "builtin_scenarios", "load_scenario", "scenario_from_mapping"]
 
 MAX_SENDING_S = 3600.0  # a paced scenario sends its calls within an hour (rate: 1e-300 never ends)
 _HEALTHY = FaultSpec(kind="ok", ttft=0.02, chunk_delay=0.002)
@@ -54,6 +56,24 @@ class Phase(_Strict):
         return self
 
 
+class RateLimit(_Strict):
+    """A provider's rate limit on the selected deployments for the whole run: ``rpm`` requests and
+    ``tpm`` tokens (prompt + ``max_tokens``) a minute, ``burst_s`` seconds' worth at once, 429 above
+    them (with ``Retry-After`` when given), OpenAI's ``x-ratelimit-*`` headers when ``headers``."""
+
+    rpm: float | None = Field(default=None, gt=0, le=1e7)
+    tpm: float | None = Field(default=None, gt=0, le=1e10)
+    burst_s: float = Field(default=1.0, gt=0, le=3600)
+    retry_after: float | None = Field(default=None, ge=0, le=3600)
+    headers: bool = True
+
+    @model_validator(mode="after")
+    def _some_limit(self) -> RateLimit:
+        if self.rpm is None and self.tpm is None:
+            raise ValueError("give rpm, tpm or both (requests or tokens a minute)")
+        return self
+
+
 class Scenario(_Strict):
     """One chaos scenario: the faults per selector, the load, and what the verdict may ignore."""
 
@@ -68,6 +88,9 @@ class Scenario(_Strict):
     max_tokens: int = Field(default=16, ge=1)
     healthy: FaultSpec = _HEALTHY
     timeline: dict[str, list[Phase]] = Field(default_factory=dict)
+    limits: dict[str, RateLimit] = Field(
+        default_factory=dict, description="Per selector, a provider rate limit enforced throughout."
+    )
     budget: float | None = Field(
         default=None, gt=0, description="A daily budget (dollars) the plugin runs under here."
     )
