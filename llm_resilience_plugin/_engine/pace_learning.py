@@ -1,6 +1,7 @@
 """How a pace learns a deployment's limit from the provider: its rate-limit headers when it sends
 them, else its 429s - the first pace from what it accepted before refusing, then additive increase
-and multiplicative decrease (AWS SDK adaptive retry's shape) - and forgets it after a quiet minute.
+and multiplicative decrease (AWS SDK adaptive retry's shape) - and forgets it after a quiet minute;
+and the slow start that keeps a burst into an unknown limit from going out at once.
 The mixin of :class:`._engine.pacing.Pace`; every attribute is the pace's own."""
 
 from __future__ import annotations
@@ -25,6 +26,15 @@ INCREASE_SHARE = 0.05
 # A 429 without Retry-After from a deployment whose limit is unknown holds it this long (seconds),
 # and the requests it accepted in this window before the first refusal set its first pace.
 LEARN_WINDOW = 1.0
+# Slow start: a deployment's first requests (and a fallback's, once traffic fails over to it for
+# a rate limit) go out at most SLOW_START_WINDOW at a time; each answer widens the window by one,
+# and so does time while calls wait on it (doubling every SLOW_START_DOUBLING seconds, so a slow
+# provider is not waited on for long). A whole first window answered without a 429 ends it (the
+# deployment takes our load), and so does a 429 (the pace takes over). So a burst into an unknown
+# limit does not send everything at once, and a healthy deployment costs one round trip, once.
+SLOW_START_WINDOW = 32
+SLOW_START_DOUBLING = 2.0
+SLOW_START_OPEN = 1024
 # A first pace counted from fewer accepted requests than this is a guess (see ``probing``).
 PROBE_BELOW = 3
 # A learned limit is dropped after this long without a 429 and without the pace binding.
@@ -53,6 +63,9 @@ class PaceLearning:
     _learned_from: tuple[float, float] | None
     _ss_over: bool
     _ss_acks: int
+    _ss_start: float | None
+    _ss_mark: float | None
+    inflight: int
     refused: int
 
     @property
@@ -232,6 +245,42 @@ class PaceLearning:
                     )
                 else:
                     self.limits = Limits()
+
+    # -- slow start (lock held where noted) ------------------------------------------------
+
+    def slow_start_window(self, now: float) -> float:
+        """How many requests may be in flight during slow start (inf once it is over)."""
+        if self._ss_over:
+            return math.inf
+        if self._ss_start is None:
+            self._ss_start = 0.0  # seconds it has bound so far (its clock runs only while it binds)
+        bound = self._ss_start + (now - self._ss_mark if self._ss_mark is not None else 0.0)
+        w = (SLOW_START_WINDOW + self._ss_acks) * 2 ** (bound / SLOW_START_DOUBLING)
+        if w >= SLOW_START_OPEN or self._ss_acks >= SLOW_START_WINDOW:  # a first window answered
+            self._ss_over = True
+            return math.inf
+        return w
+
+    def end_slow_start(self) -> None:
+        """No slow start for this deployment (pacing off, or a known limit paces it instead)."""
+        self._ss_over = True
+
+    def restart_slow_start(self) -> None:
+        """Traffic is about to move here for a rate limit elsewhere: ramp up again, unless a
+        limit is known or the deployment was in use lately."""
+        if self._ss_over and self.limits.requests_per_s is None and self.inflight == 0:
+            with self.lock:
+                self._ss_over, self._ss_start, self._ss_mark, self._ss_acks = False, None, None, 0
+
+    def track_slow_start(self, now: float) -> None:
+        """Run the slow-start clock while calls wait, stop it when none do (lock held)."""
+        if self._ss_over:
+            return
+        if self.waiting and self._ss_mark is None:
+            self._ss_mark = now
+        elif not self.waiting and self._ss_mark is not None:
+            self._ss_start = (self._ss_start or 0.0) + now - self._ss_mark
+            self._ss_mark = None
 
 
 def _proved_lower(h: HeaderLimit, rate: float | None, configured: float) -> bool:

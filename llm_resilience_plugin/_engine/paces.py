@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from llm_resilience_plugin._engine.clock import Clock
+from llm_resilience_plugin._engine.concurrency import Gradient
 from llm_resilience_plugin._engine.core import CallState
 from llm_resilience_plugin._engine.limits import configured_limits
 from llm_resilience_plugin._engine.pacing import Grant, Pace, SharedPace
@@ -66,6 +67,13 @@ class Paces(dict[str, Pace]):
                 fail_closed=pacing.on_shared_state_error == "fail_closed",
             )
             pace.tiers = len(policy.tiers)
+            adaptive = (
+                pacing.concurrency.get(info.id)
+                or pacing.concurrency.get(info.model_group)
+                or pacing.concurrency.get("*")
+            )
+            if adaptive is not None and pacing.enabled:
+                pace.concurrency = Gradient(adaptive.initial, adaptive.min, adaptive.max, adaptive.tolerance)
             if not pacing.enabled:
                 pace.end_slow_start()
             self[info.id] = pace
@@ -97,6 +105,8 @@ class Paces(dict[str, Pace]):
             return
         pace.answered_at(sent_at)
         if grant is not None:
+            if pace.concurrency is not None and grant.counted:
+                pace.concurrency.sample(pace.clock.monotonic() - sent_at, pace.inflight)
             pace.ended(grant)
         headers = hidden.get("additional_headers") if hidden else None
         if grant is None and not pace.wants_headers(headers):

@@ -28,19 +28,17 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from llm_resilience_plugin._engine.clock import Clock
+from llm_resilience_plugin._engine.concurrency import Gradient
 from llm_resilience_plugin._engine.holds import resolve
 from llm_resilience_plugin._engine.limits import Limits
-from llm_resilience_plugin._engine.pace_learning import INCREASE_SHARE, LEARN_WINDOW, PaceLearning
+from llm_resilience_plugin._engine.pace_learning import (
+    INCREASE_SHARE,
+    LEARN_WINDOW,
+    SLOW_START_DOUBLING,
+    SLOW_START_WINDOW,
+    PaceLearning,
+)
 
-# Slow start: a deployment's first requests (and a fallback's, once traffic fails over to it for
-# a rate limit) go out at most SLOW_START_WINDOW at a time; each answer widens the window by one,
-# and so does time while calls wait on it (doubling every SLOW_START_DOUBLING seconds, so a slow
-# provider is not waited on for long). A whole first window answered without a 429 ends it (the
-# deployment takes our load), and so does a 429 (the pace takes over). So a burst into an unknown
-# limit does not send everything at once, and a healthy deployment costs one round trip, once.
-SLOW_START_WINDOW = 32
-SLOW_START_DOUBLING = 2.0
-SLOW_START_OPEN = 1024
 # The output tokens a request without max_tokens reserves against a token limit (corrected when
 # its usage is known).
 DEFAULT_OUTPUT_TOKENS = 256
@@ -139,6 +137,7 @@ class Pace(PaceLearning):
         self._shared_until = 0.0
         self._shared_rank = math.inf
         self.tiers = 4  # the policy's tier count (the fleet reserve's scale; set by Paces)
+        self.concurrency: Gradient | None = None  # an adaptive in-flight limit (set by Paces)
         self.waiting: list[Waiter] = []
         self._last_429 = -math.inf
         self._last_decrease = -math.inf
@@ -167,34 +166,11 @@ class Pace(PaceLearning):
         return (
             lim.requests_per_s is not None
             or lim.tokens_per_s is not None
+            or self.concurrency is not None
             or (self._ss_start is not None and not self._ss_over)
             or max(self._hold_until, self._shared_until) > self.clock.monotonic()
             or bool(self.waiting)
         )
-
-    def _window(self, now: float) -> float:
-        """How many requests may be in flight during slow start (inf once it is over)."""
-        if self._ss_over:
-            return math.inf
-        if self._ss_start is None:
-            self._ss_start = 0.0  # seconds it has bound so far (its clock runs only while it binds)
-        bound = self._ss_start + (now - self._ss_mark if self._ss_mark is not None else 0.0)
-        w = (SLOW_START_WINDOW + self._ss_acks) * 2 ** (bound / SLOW_START_DOUBLING)
-        if w >= SLOW_START_OPEN or self._ss_acks >= SLOW_START_WINDOW:  # a first window answered
-            self._ss_over = True
-            return math.inf
-        return w
-
-    def end_slow_start(self) -> None:
-        """No slow start for this deployment (pacing off, or a known limit paces it instead)."""
-        self._ss_over = True
-
-    def restart_slow_start(self) -> None:
-        """Traffic is about to move here for a rate limit elsewhere: ramp up again, unless a
-        limit is known or the deployment was in use lately."""
-        if self._ss_over and self.limits.requests_per_s is None and self.inflight == 0:
-            with self.lock:
-                self._ss_over, self._ss_start, self._ss_mark, self._ss_acks = False, None, None, 0
 
     def ended(self, grant: Grant | None) -> None:
         """An admitted request ended (answered, failed, cancelled): its in-flight place frees."""
@@ -209,8 +185,10 @@ class Pace(PaceLearning):
 
     @property
     def exact(self) -> bool:
-        """Is the pace a stated limit (configured, or the provider's headers), not a guess?"""
-        return self.limits.source in ("config", "headers")
+        """Is the pace a stated limit (configured, or the provider's headers), not a guess? (A
+        wait for an in-flight place is a guess: it depends on when answers come.)"""
+        c = self.concurrency
+        return self.limits.source in ("config", "headers") and (c is None or c.allows(self.inflight))
 
     @property
     def admits(self) -> bool:
@@ -240,6 +218,8 @@ class Pace(PaceLearning):
                 "granted": self.granted,
                 "provider_429s": self.refused,
                 "waited_s": round(self.waited_s, 3),
+                "in_flight": self.inflight,
+                "concurrency": self.concurrency.snapshot() if self.concurrency is not None else None,
             }
 
     # -- buckets (lock held) -----------------------------------------------------------------
@@ -275,7 +255,9 @@ class Pace(PaceLearning):
 
     def _fits(self, tokens: float) -> bool:
         lim = self.limits
-        if not self._ss_over and self.inflight >= self._window(self.clock.monotonic()):
+        if not self._ss_over and self.inflight >= self.slow_start_window(self.clock.monotonic()):
+            return False
+        if self.concurrency is not None and not self.concurrency.allows(self.inflight):
             return False
         if lim.requests_per_s is not None and self._level < 1.0:
             return False
@@ -304,7 +286,7 @@ class Pace(PaceLearning):
         wait = hold
         if not self._ss_over and self._ss_start is not None:
             need = self.inflight + ahead_requests
-            if need > self._window(now) and not self._ss_over:
+            if need > self.slow_start_window(now) and not self._ss_over:
                 wait = max(
                     wait, self._ss_start + SLOW_START_DOUBLING * math.log2(need / SLOW_START_WINDOW) - now
                 )
@@ -318,6 +300,9 @@ class Pace(PaceLearning):
         if lim.tokens_per_s and ahead_tokens > 0:
             need = ahead_tokens - self._tlevel
             wait = max(wait, need / lim.tokens_per_s)
+        c = self.concurrency
+        if c is not None and not c.allows(self.inflight + int(ahead_requests) - 1):
+            wait = max(wait, c.wait_hint())  # woken early when a request ends
         return max(0.0, wait)
 
     def _ahead(self, rank: int, seq: int) -> tuple[float, float]:
@@ -329,22 +314,12 @@ class Pace(PaceLearning):
                 toks += min(w.tokens, self.limits.token_burst) if self.limits.tokens_per_s else 0.0
         return n, toks
 
-    def _track_slow_start(self, now: float) -> None:
-        """Run the slow-start clock while calls wait, stop it when none do (lock held)."""
-        if self._ss_over:
-            return
-        if self.waiting and self._ss_mark is None:
-            self._ss_mark = now
-        elif not self.waiting and self._ss_mark is not None:
-            self._ss_start = (self._ss_start or 0.0) + now - self._ss_mark
-            self._ss_mark = None
-
     def _grant_due(self, now: float) -> None:
         """Grant the queue's head, and each next one, while a slot is free (lock held)."""
         try:
             self._grant_heads(now)
         finally:
-            self._track_slow_start(now)
+            self.track_slow_start(now)
 
     def _grant_heads(self, now: float) -> None:
         if self._hold_until > now:
@@ -421,7 +396,7 @@ class Pace(PaceLearning):
         w = Waiter(rank, next(_SEQ), tokens)
         with self.lock:
             heapq.heappush(self.waiting, w)
-            self._track_slow_start(self.clock.monotonic())
+            self.track_slow_start(self.clock.monotonic())
         return w
 
     def leave(self, w: Waiter) -> None:

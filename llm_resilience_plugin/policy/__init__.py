@@ -7,6 +7,7 @@ Everything a user can get wrong is checked here, before a request is sent, and r
 from llm_resilience_plugin.policy._models import (
     STREAM_TIMEOUT_DEFAULT,
     Action,
+    AdaptiveConcurrency,
     BackoffPolicy,
     BreakerPolicy,
     ClassKey,
@@ -46,6 +47,7 @@ __all__ = [
     "STREAM_TIMEOUT_DEFAULT",
     "TOP_LEVEL_KEYS",
     "Action",
+    "AdaptiveConcurrency",
     "BackoffPolicy",
     "BreakerPolicy",
     "ClassKey",

@@ -284,6 +284,28 @@ class DeploymentLimits(Model):
     )
 
 
+class AdaptiveConcurrency(Model):
+    """An in-flight limit that follows latency (Gradient2): it grows while answers come back as
+    fast as usual and shrinks when they slow down, so a slowing provider is not piled onto."""
+
+    initial: int = Field(default=20, ge=1, le=100_000, description="The limit to start from.")
+    min: int = Field(default=1, ge=1, le=100_000, description="The limit never goes below this.")
+    max: int = Field(default=1000, ge=1, le=100_000, description="The limit never goes above this.")
+    tolerance: float = Field(
+        default=1.5,
+        ge=1.0,
+        le=10.0,
+        description="How much slower than its long-run latency a deployment may answer before the "
+        "limit shrinks.",
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> AdaptiveConcurrency:
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) must not be above max ({self.max})")
+        return self
+
+
 class PacingPolicy(Model):
     """Client-side pacing of rate-limited deployments (docs/rate-limits.md)."""
 
@@ -306,6 +328,11 @@ class PacingPolicy(Model):
     limits: dict[str, DeploymentLimits] = Field(
         default_factory=dict,
         description="Limits by deployment id or model group, over LiteLLM's rpm/tpm in litellm_params.",
+    )
+    concurrency: dict[str, AdaptiveConcurrency] = Field(
+        default_factory=dict,
+        description='Adaptive in-flight limits by deployment id or model group ("*": every '
+        "deployment); none by default.",
     )
     on_shared_state_error: Literal["local_share", "fail_closed"] = Field(
         default="local_share",

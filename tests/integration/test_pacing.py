@@ -242,3 +242,53 @@ def test_a_tier_without_retries_still_waits_out_a_paced_429(make_router: RouterF
     if priority == "P3":
         with pytest.raises(litellm.RateLimitError):
             plain.completion(model="primary", messages=MSG, priority=priority)
+
+
+def _most_at_once(records) -> int:
+    edges = sorted(
+        [(r.started_at, 1) for r in records] + [(r.finished_at or r.started_at, -1) for r in records]
+    )
+    most = now = 0
+    for _, step in sorted(edges, key=lambda e: (e[0], e[1])):
+        now += step
+        most = max(most, now)
+    return most
+
+
+async def test_an_adaptive_in_flight_limit_queues_the_calls_past_it(make_router: RouterFactory, sim):
+    from llm_resilience_plugin.testing import Fault
+
+    router = make_router(
+        {"primary": ["a"]},
+        policy={"deadline": 30, "pacing": {"concurrency": {"primary": {"initial": 3, "min": 3, "max": 3}}}},
+        clock=Clock(),
+    )
+    sim.set_default("a", Fault.ok(latency=0.1))
+    before = sim.count("a")
+    results = await asyncio.gather(*(router.acompletion(model="primary", messages=MSG) for _ in range(12)))
+    assert all(get_report(r).outcome == "success" for r in results)  # type: ignore[union-attr]
+    records = sim.requests("a")[before:]
+    assert len(records) == 12 and _most_at_once(records) <= 3  # never more than the limit in flight
+    assert sum(get_report(r).paced for r in results) >= 9  # type: ignore[union-attr, misc]
+    snap = router.paces()["a"]
+    assert snap["concurrency"]["limit"] == 3 and snap["in_flight"] == 0
+
+
+def test_an_adaptive_in_flight_limit_holds_for_blocking_callers_on_many_threads(
+    make_router: RouterFactory, sim
+):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from llm_resilience_plugin.testing import Fault
+
+    router = make_router(
+        {"primary": ["a"]},
+        policy={"deadline": 30, "pacing": {"concurrency": {"a": {"initial": 2, "min": 2, "max": 2}}}},
+        clock=Clock(),
+    )
+    sim.set_default("a", Fault.ok(latency=0.1))
+    before = sim.count("a")
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda _: router.completion(model="primary", messages=MSG), range(8)))
+    assert all(get_report(r).outcome == "success" for r in results)  # type: ignore[union-attr]
+    assert _most_at_once(sim.requests("a")[before:]) <= 2
