@@ -202,11 +202,18 @@ def rate_limit_of(spec: Any, d: Mapping[str, Any]) -> dict[str, Any]:
     lim = configured_limits(params, override.model_dump() if override else None)
     if not pacing.enabled:
         return {"paced": False, "source": "pacing off (429s retried with backoff and Retry-After)"}
+    adaptive = (
+        pacing.concurrency.get(dep_id or "")
+        or pacing.concurrency.get(d["model_name"])
+        or pacing.concurrency.get("*")
+    )
+    concurrency = adaptive.model_dump() if adaptive is not None else None
     if lim is None:
         how = "learned from 429s and rate-limit headers" if pacing.learn else "none (not learned)"
-        return {"paced": True, "rpm": None, "tpm": None, "source": how}
+        return {"paced": True, "rpm": None, "tpm": None, "source": how, "concurrency": concurrency}
     source = "pacing.limits" if override else "litellm_params"
     return {
+        "concurrency": concurrency,
         "paced": True,
         "rpm": round(lim.requests_per_s * 60, 3) if lim.requests_per_s else None,
         "tpm": round(lim.tokens_per_s * 60, 1) if lim.tokens_per_s else None,
@@ -220,11 +227,20 @@ def rate_limit_line(r: Mapping[str, Any]) -> str:
     """One deployment's rate limit in words."""
     if not r.get("paced"):
         return r["source"]
+    c = r.get("concurrency")
+    adaptive = (
+        f"; in flight: adaptive {c['min']}..{c['max']} from {c['initial']} (tolerance {c['tolerance']:g})"
+        if c
+        else ""
+    )
     if r.get("rpm") is None and r.get("tpm") is None:
-        return f"no limit configured: {r['source']}"
+        return f"no limit configured: {r['source']}{adaptive}"
     parts = [f"{r['rpm']:g} rpm" if r.get("rpm") else "", f"{r['tpm']:g} tpm" if r.get("tpm") else ""]
     shown = ", ".join(p for p in parts if p)
-    return f"{shown} ({r['source']}), paced at {r['headroom']:.0%}, then learned from the provider"
+    return (
+        f"{shown} ({r['source']}), paced at {r['headroom']:.0%}, lowered only where the provider's "
+        f"headers prove it too high{adaptive}"
+    )
 
 
 def stream_timeouts_line(p: Mapping[str, Any]) -> str:

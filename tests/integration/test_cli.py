@@ -87,14 +87,18 @@ def test_check_prints_each_deployments_rate_limit_and_its_source(tmp_path, capsy
               - model_name: backup
                 litellm_params: {model: openai/gpt-4o, api_key: sk-y}
                 model_info: {id: b1}
-            resilience: {pacing: {limits: {backup: {rpm: 30}}}}
+            resilience: {pacing: {limits: {backup: {rpm: 30}}, concurrency: {p2: {initial: 8, max: 64}}}}
             """
         )
     )
     assert main(["check", str(cfg)]) == 0
     out = capsys.readouterr().out
     assert "rate limit: 600 rpm, 100000 tpm (litellm_params), paced at 95%" in out
-    assert "rate limit: no limit configured: learned from 429s and rate-limit headers" in out
+    assert "headers prove it too high" in out
+    assert (
+        "rate limit: no limit configured: learned from 429s and rate-limit headers; "
+        "in flight: adaptive 1..64 from 8 (tolerance 1.5)" in out
+    )
     assert "rate limit: 30 rpm (pacing.limits)" in out
     assert main(["check", str(cfg), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
