@@ -260,7 +260,9 @@ def test_calls_in_flight_during_changes(sim, make_router) -> None:
 
 
 async def test_async_calls_in_flight_on_a_deleted_deployment_finish(sim, make_router) -> None:
-    router = make_router({"g": ["a", "b"]})
+    router = make_router({"g": ["a", "b", "c"]})
+    await asyncio.to_thread(_trip, router, sim, "c")  # an open breaker: every attempt takes a ticket
+    assert not router.engine.all_clear()
     sim.set_default("a", Fault.ok(latency=0.4))
     sim.set_default("b", Fault.ok(latency=0.4))
     calls = [asyncio.create_task(router.acompletion(model="g", messages=MSG)) for _ in range(8)]
@@ -268,8 +270,30 @@ async def test_async_calls_in_flight_on_a_deleted_deployment_finish(sim, make_ro
     assert sim.count("b") > 0
     router.delete_deployment("b")
     got = await asyncio.gather(*calls)
-    assert all(r.choices[0].message.content for r in got)
+    assert all(r.choices[0].message.content for r in got)  # their outcomes reach b's retired breaker
+    assert "b" in {hidden_params_of(r)["model_id"] for r in got}
     assert "b" not in router.breakers()
     before = sim.count("b")
     await asyncio.gather(*(router.acompletion(model="g", messages=MSG) for _ in range(6)))
     assert sim.count("b") == before
+
+
+def test_a_group_whose_last_deployment_leaves_is_no_longer_served(sim, make_router) -> None:
+    router = make_router({"g": ["a"], "h": ["b"]})
+    router.delete_deployment("b")  # no fallback or policy names h
+    assert router.model_groups == ["g"]
+    with pytest.raises(ConfigError, match="unknown model group 'h'"):
+        router.completion(model="h", messages=MSG)
+    with pytest.raises(ConfigError, match="unknown model group 'h'"):
+        router.effective_policy("h")
+    # a deployment can move to another group: it is new there (a closed breaker, its group's policy)
+    router.upsert_deployment(deployment(sim, "h", "a"))
+    assert router.model_groups == ["h"] and [d.model_group for d in router.deployments()] == ["h"]
+    assert router.completion(model="h", messages=MSG).choices[0].message.content
+
+
+def test_set_model_list_takes_litellm_deployments(sim, make_router) -> None:
+    router = make_router({"g": ["a"]})
+    router.set_model_list([Deployment(**deployment(sim, "g", "b")), deployment(sim, "g", "c")])
+    assert sorted(router.breakers()) == ["b", "c"]
+    assert set(_served_by(router, 12)) <= {"b", "c"} and sim.count("a") == 0
