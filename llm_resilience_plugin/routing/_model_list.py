@@ -202,7 +202,10 @@ class ModelList:
         self.wiring = wiring
         self.plan = plan
         self._lock = threading.RLock()
-        self._forget: list[Callable[[], Any]] = []  # the added deployments' secret holds
+        # The secrets of each deployment added or changed since construction, by id (one hold per
+        # id: a reload that changes a deployment again replaces its hold), scrubbed until close.
+        self._holds: dict[str, SecretHold] = {}
+        self._forget = weakref.finalize(router, _release_all, self._holds)
 
     @property
     def router(self) -> ResilientRouter:
@@ -212,8 +215,7 @@ class ModelList:
 
     def release(self) -> None:
         """The router closed: forget the secrets of the deployments added since construction."""
-        for forget in self._forget:
-            forget()
+        self._forget()
 
     # -- the four changes (litellm.Router's names, arguments and return values) -----------------
 
@@ -390,10 +392,11 @@ class ModelList:
         router.spec = spec
         router.calls.spec = spec
         self.entries = copy.deepcopy(entries)
-        secrets = secrets_of([live[i] for i in changed])
-        if secrets:
-            hold = SecretHold(secrets)
-            self._forget.append(weakref.finalize(router, hold.release))
+        for i in changed:  # the new hold first: a secret both hold is never let go in between
+            hold, prior = SecretHold(secrets_of([live[i]])), self._holds.get(i)
+            self._holds[i] = hold
+            if prior is not None:
+                prior.release()
         self._leave([*dropped, *(m for i in gone for m in self.wiring.by_deployment.pop(i, []))])
         if self.wiring.shared is not None and (added or breakers):
             self.wiring.shared.prime(self.wiring.members[start:])
@@ -514,6 +517,11 @@ def held(loops: set[asyncio.AbstractEventLoop]) -> Iterator[None]:
         yield
     finally:
         release.set()
+
+
+def _release_all(holds: dict[str, SecretHold]) -> None:
+    for hold in holds.values():
+        hold.release()
 
 
 def _groups(deployments: Mapping[str, DeploymentInfo]) -> dict[str, list[str]]:
