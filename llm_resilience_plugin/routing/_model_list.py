@@ -6,13 +6,16 @@ ids, credentials in URLs, the groups the fallbacks and the policy name, a ``disp
 plan, a cost guard's prices) before anything changes: a ConfigError leaves the router as it was.
 Then, under one lock:
 
-1. the engine learns the new deployments (info, breaker, pace); nothing routes to them yet;
-2. the wrapped ``litellm.Router`` makes the change with its own method, as a LiteLLM user calls it
-   (its model list is the authority for what follows);
+1. the engine learns the new deployments (info, breaker, pace) and their secrets are held for
+   scrubbing; nothing routes to them yet;
+2. with the event loops that run this router's calls held (LiteLLM's registry is not safe to read
+   from another thread mid-change), the wrapped ``litellm.Router`` makes the change with its own
+   method, as a LiteLLM user calls it - its model list is the authority for what follows - and
 3. the engine drops the deployments that left from its groups, recomputes each group's effective
-   policy, gives new groups their retry budget and timings, rebuilds the dispatch plan (and the
-   direct dispatcher), joins new deployments to the fleet's shared state and lets go of the removed
-   ones; the guards bind again (a cost guard prices the new deployments).
+   policy and gives new groups their retry budget and timings; every group goes through the
+   Router dispatcher for now;
+4. the loops run again; the dispatch plan (and the direct dispatcher) is rebuilt, new deployments
+   join the fleet's shared state and removed ones leave it, the guards bind again.
 
 Every engine map is swapped whole, never changed in place, so a call reading one mid-change sees
 the old map or the new one. A deployment that left keeps its info, breaker and pace reachable by
@@ -332,14 +335,34 @@ class ModelList:
         engine.deployments = Retiring({**old[0], **fresh}, retired=old[0].retired)  # type: ignore[attr-defined]
         engine.breakers = _registry(old[1], breakers, ())
         engine.paces = self._paces(old[2], paces, ())
+        holds = {i: SecretHold(secrets_of([live[i]])) for i in changed}  # before a call can reach one
         with held(self._loops()):  # LiteLLM's registry is not safe to read while it changes
             try:
                 result = change()  # 2. the wrapped Router
             except BaseException:
                 engine.deployments, engine.breakers, engine.paces = old
                 self._leave(added)
+                for hold in holds.values():
+                    hold.release()
                 raise
-            self._settle(engine, spec, entries, live, changed, old, breakers, added, start, dropped)
+            gone = self._settle(engine, spec, old, breakers, dropped)
+        # 4. outside the hold (the Router serves every group meanwhile): the direct dispatcher,
+        # the secrets, the shared state, the guards
+        engine.dispatcher, self.plan = dispatcher_for(
+            self.inner, engine, self.via_router, spec.router_settings, spec.policy.dispatch
+        )
+        self.entries = copy.deepcopy(entries)
+        for i, hold in holds.items():
+            prior, self._holds[i] = self._holds.get(i), hold
+            if prior is not None:
+                prior.release()
+        self._leave([*dropped, *(m for i in gone for m in self.wiring.by_deployment.pop(i, []))])
+        if self.wiring.shared is not None and len(self.wiring.members) > start:
+            self.wiring.shared.prime(self.wiring.members[start:])
+        for guard in router.guards:
+            bind = getattr(guard, "bind_router", None)
+            if callable(bind):
+                bind(router)
         return result
 
     def _loops(self) -> set[asyncio.AbstractEventLoop]:
@@ -355,16 +378,12 @@ class ModelList:
         self,
         engine: Any,
         spec: RouterSpec,
-        entries: list[dict[str, Any]],
-        live: Mapping[str, dict[str, Any]],
-        changed: list[str],
         old: tuple[Any, Any, Any],
         replaced_breakers: Mapping[str, DeploymentBreaker],
-        added: list[Any],
-        start: int,
         dropped: list[Any],
-    ) -> None:
-        """Step 3: the engine routes to what the wrapped Router now serves."""
+    ) -> list[str]:
+        """Step 3, while the loops are held: the engine routes to what the wrapped Router now
+        serves, every group through the Router until the dispatch plan is rebuilt; the ids gone."""
         router = self.router
         replaced = [i for i in replaced_breakers if i in old[1]]  # their old state no longer counts
         served = {info.id: info for info in map(deployment_info, _litellm.deployments_of(self.inner))}
@@ -375,7 +394,8 @@ class ModelList:
         lacking = {i: info for i, info in served.items() if i not in engine.breakers}  # never expected
         breakers = self._breakers(lacking, {}, policies, dropped)
         paces = self._new_paces({i: info for i, info in served.items() if i not in engine.paces}, {})
-        engine.spec = spec
+        engine.dispatcher = self.via_router  # the direct one's deployments are the old ones
+        engine.spec = router.spec = router.calls.spec = spec
         engine.policies = policies
         self._group_state(engine, policies, groups)
         retired = _kept({**current.retired, **{i: current[i] for i in gone}})  # type: ignore[attr-defined]
@@ -386,24 +406,7 @@ class ModelList:
         retired_groups = {**engine.group_deployments.retired, **left}  # type: ignore[attr-defined]
         engine.group_deployments = Retiring(groups, retired=_kept(retired_groups))
         engine.retire([*gone, *replaced])
-        engine.dispatcher, self.plan = dispatcher_for(
-            self.inner, engine, self.via_router, spec.router_settings, spec.policy.dispatch
-        )
-        router.spec = spec
-        router.calls.spec = spec
-        self.entries = copy.deepcopy(entries)
-        for i in changed:  # the new hold first: a secret both hold is never let go in between
-            hold, prior = SecretHold(secrets_of([live[i]])), self._holds.get(i)
-            self._holds[i] = hold
-            if prior is not None:
-                prior.release()
-        self._leave([*dropped, *(m for i in gone for m in self.wiring.by_deployment.pop(i, []))])
-        if self.wiring.shared is not None and (added or breakers):
-            self.wiring.shared.prime(self.wiring.members[start:])
-        for guard in router.guards:
-            bind = getattr(guard, "bind_router", None)
-            if callable(bind):
-                bind(router)
+        return gone
 
     def _breakers(
         self,
