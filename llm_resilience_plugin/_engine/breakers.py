@@ -497,7 +497,18 @@ class DeploymentBreaker:
 
 class BreakerRegistry(dict[str, DeploymentBreaker]):
     """All breakers of one router, keyed by deployment id (a dict, so the lookup every attempt
-    makes is no Python call); iterating it gives the breakers."""
+    makes is no Python call); iterating it gives the breakers.
+
+    ``retired``: the breakers of deployments taken out of the model list. Only ``registry[id]``
+    still finds one (an attempt in flight there reports its outcome); ``in``, ``get``, iteration
+    and :meth:`snapshot` see the live breakers only."""
+
+    def __init__(self, *args: Any, retired: dict[str, DeploymentBreaker] | None = None) -> None:
+        super().__init__(*args)
+        self.retired: dict[str, DeploymentBreaker] = retired if retired is not None else {}
+
+    def __missing__(self, deployment_id: str) -> DeploymentBreaker:
+        return self.retired[deployment_id]
 
     def add(self, breaker: DeploymentBreaker) -> None:
         self[breaker.deployment_id] = breaker

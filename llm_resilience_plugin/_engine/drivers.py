@@ -494,6 +494,11 @@ class SyncRunner:
                 self._loop, self._thread = loop, t
             return self._loop
 
+    def started(self) -> asyncio.AbstractEventLoop | None:
+        """The private loop if it runs (never starts one)."""
+        loop = self._loop
+        return loop if loop is not None and not loop.is_closed() else None
+
     def _hold(self, loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
         task: asyncio.Task[Any] = asyncio.Task(coro, loop=loop, **kwargs)
         self._tasks.add(task)

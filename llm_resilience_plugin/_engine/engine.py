@@ -11,7 +11,7 @@ import itertools
 import logging
 import random
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from llm_resilience_plugin._engine.attempt import AttemptContext
@@ -110,6 +110,49 @@ def preferred_routes(
     return out
 
 
+def group_policies(
+    policy: ResiliencePolicy,
+    spec: RouterSpec | None,
+    deployments: Mapping[str, DeploymentInfo],
+    groups: Mapping[str, list[str]],
+    overrides: Mapping[str, EffectivePolicy] | None = None,
+) -> dict[str, EffectivePolicy]:
+    """The effective policy of each group: the policy's own for it, the deployments' LiteLLM
+    timeouts (:func:`own_timeouts`), ``overrides``, then :func:`preferred_routes`."""
+    policies = {g: policy.for_group(g) for g in groups}
+    policies.update(own_timeouts(policies, deployments, groups))
+    policies.update(overrides or {})
+    policies.update(preferred_routes(policies, spec))
+    return policies
+
+
+class Retiring(dict[str, Any]):
+    """A dict whose ``retired`` keys (taken out of the model list) still answer ``d[key]`` - for
+    the attempts in flight there - while ``in``, ``get`` and iteration see the live keys only."""
+
+    def __init__(self, *args: Any, retired: dict[str, Any] | None = None) -> None:
+        super().__init__(*args)
+        self.retired: dict[str, Any] = retired if retired is not None else {}
+
+    def __missing__(self, key: str) -> Any:
+        return self.retired[key]
+
+
+def make_breaker(
+    engine: Engine, info: DeploymentInfo, eff: EffectivePolicy, backend: BreakerBackend | None
+) -> DeploymentBreaker:
+    """The breaker of one deployment of ``engine`` under its group's policy ``eff``."""
+    return DeploymentBreaker(
+        info.id,
+        info.model_group,
+        eff.breaker,
+        clock=engine.clock.wall,
+        on_transition=engine.on_transition,
+        probe_lease=eff.deadline,  # a probe no one reports on frees its slot by then
+        backend=backend,
+    )
+
+
 class Engine:
     """Breakers per deployment, a retry budget and hedging state per group, and one attempt's
     bookkeeping. Public to the package: routing, streams and drivers use it, users do not."""
@@ -155,16 +198,12 @@ class Engine:
         self.rng_lock = threading.Lock()
         self.events = EventBus()
         self.guards = guards
-        self.deployments: dict[str, DeploymentInfo] = dict(deployments)
-        self.group_deployments: dict[str, list[str]] = {}
+        # By id and by group; a model-list change (routing/_model_list.py) swaps in new ones.
+        self.deployments: dict[str, DeploymentInfo] = Retiring(deployments)
+        self.group_deployments: dict[str, list[str]] = Retiring()
         for info in self.deployments.values():
             self.group_deployments.setdefault(info.model_group, []).append(info.id)
-        self.policies: dict[str, EffectivePolicy] = {
-            g: self.policy.for_group(g) for g in self.group_deployments
-        }
-        self.policies.update(own_timeouts(self.policies, self.deployments, self.group_deployments))
-        self.policies.update(policies or {})
-        self.policies.update(preferred_routes(self.policies, spec))
+        self.policies = group_policies(self.policy, spec, self.deployments, self.group_deployments, policies)
         self.dispatcher: Dispatcher | None = None
         self._not_closed: set[str] = set()
         self.hold_until = 0.0  # when the last honoured Retry-After hold ends (0.0: none yet)
@@ -177,17 +216,8 @@ class Engine:
         self.breakers = BreakerRegistry()
         for info in self.deployments.values():
             eff = self.policies[info.model_group]
-            self.breakers.add(
-                DeploymentBreaker(
-                    info.id,
-                    info.model_group,
-                    eff.breaker,
-                    clock=self.clock.wall,
-                    on_transition=self.on_transition,
-                    probe_lease=eff.deadline,  # a probe no one reports on frees its slot by then
-                    backend=backend_for(info, eff) if backend_for is not None else None,
-                )
-            )
+            backend = backend_for(info, eff) if backend_for is not None else None
+            self.breakers.add(make_breaker(self, info, eff, backend))
         self.budgets: dict[str, RetryBudget] = {
             g: RetryBudget(p.retry_budget, shared=bucket_for(g, p) if bucket_for is not None else None)
             for g, p in self.policies.items()
@@ -205,6 +235,8 @@ class Engine:
 
     def on_transition(self, event: BreakerTransition) -> None:
         """A breaker changed state: stamp it, keep the fast path's set current, tell observers."""
+        if event.deployment_id not in self.deployments:
+            return  # a retired breaker (its deployment left the model list): no one's concern
         epoch = next(self._epochs)  # stamped before _not_closed changes: see attempt()
         self.changed_at[event.deployment_id] = epoch
         self.epoch = epoch
@@ -213,6 +245,11 @@ class Engine:
         else:
             self._not_closed.add(event.deployment_id)
         self.events.emit(event)
+
+    def retire(self, deployment_ids: Iterable[str]) -> None:
+        """These deployments left the model list: their breakers no longer hold the fast path off."""
+        for dep in deployment_ids:
+            self._not_closed.discard(dep)
 
     def all_clear(self) -> bool:
         """Every breaker closed and no Retry-After hold pending (the filter's fast path)."""

@@ -52,6 +52,9 @@ class Paces(dict[str, Pace]):
         pace_for: PaceFor | None = None,
     ) -> None:
         super().__init__()
+        # Paces of deployments taken out of the model list (routing/_model_list.py): only
+        # ``paces[id]`` still finds one, for the attempts in flight there.
+        self.retired: dict[str, Pace] = {}
         pacing = policy.pacing
         self.enabled = pacing.enabled
         for info in deployments:
@@ -84,6 +87,9 @@ class Paces(dict[str, Pace]):
         self.on = pacing.enabled
         self._ranks = {name: i for i, name in enumerate(policy.tiers)}
         self._default_rank = self._ranks.get(policy.default_tier or "P1", len(self._ranks) // 2)
+
+    def __missing__(self, dep: str) -> Pace:
+        return self.retired[dep]
 
     def rank_of(self, call: CallState) -> int:
         """The call's priority tier as a queue rank (P0 first; no priority: the default tier)."""

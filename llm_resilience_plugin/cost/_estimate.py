@@ -112,10 +112,16 @@ class CostEstimator:
     def bind_router(self, router: ResilientRouter) -> None:
         """Price every deployment of ``router`` now (``ConfigError`` for an unknown price under
         ``unknown_model="error"``) and let the LangChain handler map its group names to them."""
+        self.unbounded = self.check_deployments(router.deployments())
+        self._router = router
+
+    def check_deployments(self, deployments: Iterable[DeploymentInfo]) -> list[str]:
+        """Price each deployment (``ConfigError`` for an unknown price under
+        ``unknown_model="error"``, as :meth:`bind_router`); the ids with no bound on output."""
         from llm_resilience_plugin.cost._operations import image_price
 
         unbounded: list[str] = []
-        for d in router.deployments():
+        for d in deployments:
             mode = (d.params or {}).get("mode")
             if mode == "image_generation":
                 image_price(d, None, None)  # priced per image, not per token
@@ -124,8 +130,7 @@ class CostEstimator:
             if mode not in _NO_OUTPUT and self.default_max_tokens is None and not price.max_output_tokens:
                 # Bounded by UNKNOWN_MAX_OUTPUT when a call sets no max_tokens (check warns).
                 unbounded.append(d.id)
-        self.unbounded = unbounded
-        self._router = router
+        return unbounded
 
     def count_prompt_tokens(
         self,

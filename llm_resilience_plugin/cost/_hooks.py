@@ -116,6 +116,11 @@ class RouterHooks:
         check_reservation_ttl(self.reservation_ttl, router)
         self.estimator.bind_router(router)
 
+    def check_deployments(self: _Guard, deployments: Sequence[DeploymentInfo]) -> None:
+        """Price deployments about to join a bound router (``ConfigError`` as :meth:`bind_router`),
+        before the router changes; it binds again once they are in."""
+        self.estimator.check_deployments(deployments)
+
     def before_attempt(self: _Guard, info: AttemptInfo) -> Ticket:
         """Reserve the attempt's worst case over the deployments that may serve it."""
         kwargs = info.kwargs

@@ -163,14 +163,20 @@ def _router_streams(deps: list[Mapping[str, Any]], settings: Mapping[str, Any]) 
     )
 
 
-def dispatch_plan(router: litellm.Router, settings: Mapping[str, Any], mode: str) -> dict[str, GroupDispatch]:
+def dispatch_plan(
+    router: litellm.Router,
+    settings: Mapping[str, Any],
+    mode: str,
+    deployments: list[dict[str, Any]] | None = None,
+) -> dict[str, GroupDispatch]:
     """Per model group, the dispatcher the policy's ``dispatch`` mode gives it and why.
 
     ``auto``: direct where equivalence with the Router is proven for the group's config; ``router``:
     always the Router; ``direct``: like auto, but a group that cannot be direct is a ConfigError.
+    ``deployments``: a model list to plan instead of the Router's own (checked before a change).
     """
     groups: dict[str, list[Mapping[str, Any]]] = {}
-    for d in _litellm.deployments_of(router):
+    for d in _litellm.deployments_of(router) if deployments is None else deployments:
         groups.setdefault(str(d["model_name"]), []).append(d)
     if mode == "router":
         return {g: GroupDispatch("router", "policy dispatch: router") for g in groups}

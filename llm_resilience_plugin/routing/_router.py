@@ -12,14 +12,13 @@ from __future__ import annotations
 import asyncio
 import copy
 import math
-import os
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 import litellm
+from litellm.types.router import Deployment
 
 from llm_resilience_plugin import _litellm
 from llm_resilience_plugin._engine.breakers import DeploymentBreaker
@@ -32,10 +31,6 @@ from llm_resilience_plugin._engine.retry import RetryBudget
 from llm_resilience_plugin._env import allow_loopback
 from llm_resilience_plugin._redaction import (
     SecretHold,
-    credential_values,
-    mask_params,
-    mask_url,
-    url_has_credentials,
 )
 from llm_resilience_plugin.errors import ConfigError
 from llm_resilience_plugin.events import (
@@ -59,6 +54,13 @@ from llm_resilience_plugin.routing._calls import CallRunner
 from llm_resilience_plugin.routing._clients import ClosingSyncRunner
 from llm_resilience_plugin.routing._direct import dispatcher_for
 from llm_resilience_plugin.routing._dispatch import RouterDispatcher
+from llm_resilience_plugin.routing._model_list import (
+    ModelList,
+    deployment_info,
+    refuse_url_credentials,
+    secrets_of,
+    with_readable_ids,
+)
 from llm_resilience_plugin.routing._operations import EndpointsMixin
 from llm_resilience_plugin.routing._shared import SharedWiring
 from llm_resilience_plugin.routing._shutdown import DEFAULT_GRACE
@@ -67,74 +69,6 @@ from llm_resilience_plugin.routing._surface import MACHINERY, REFUSED, pass_thro
 
 # LiteLLM's internals, found once (an ImportError naming the supported range below its floor).
 _litellm.internals()
-
-
-def _deployment_info(d: Mapping[str, Any]) -> DeploymentInfo:
-    """What the plugin keeps of one of LiteLLM's deployment dicts: no key, secret, token or
-    credential blob, header values masked, no credentials in URLs (the secrets are held for
-    scrubbing from every record while the router is open, see :func:`_secrets_of`)."""
-    lp = d["litellm_params"]
-    params = {**(d.get("model_info") or {}), **lp}
-    return DeploymentInfo(
-        id=str((d.get("model_info") or {}).get("id")),
-        model_group=d["model_name"],
-        model=lp["model"],
-        api_base=mask_url(lp.get("api_base")),
-        params=mask_params(params),
-    )
-
-
-def _secrets_of(model_list: list[dict[str, Any]]) -> list[str]:
-    """Every credential of every deployment (``os.environ/NAME`` references resolved)."""
-    out: list[str] = []
-    for d in model_list:
-        for value in credential_values(d.get("litellm_params") or {}):
-            resolved = (
-                os.environ.get(value[len("os.environ/") :]) if value.startswith("os.environ/") else value
-            )
-            if resolved:
-                out.append(resolved)
-    return out
-
-
-def _with_readable_ids(model_list: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A copy of ``model_list`` where a deployment without ``model_info.id`` gets a readable one,
-    ``group/model@host`` (``#2``, ``#3`` on repeats), instead of LiteLLM's 64-character hash - the
-    name reports, logs and breakers show."""
-    out = copy.deepcopy(model_list)
-    taken = {str((d.get("model_info") or {}).get("id")) for d in out if (d.get("model_info") or {}).get("id")}
-    for d in out:
-        info = d.get("model_info")
-        if info is None:
-            info = d["model_info"] = {}
-        if not isinstance(info, dict) or info.get("id"):
-            continue
-        lp = d.get("litellm_params") or {}
-        host = urlsplit(str(lp.get("api_base") or "")).hostname
-        port = urlsplit(str(lp.get("api_base") or "")).port if host else None
-        base = f"{d.get('model_name')}/{lp.get('model')}" + (
-            f"@{host}" + (f":{port}" if port else "") if host else ""
-        )
-        name, n = base, 1
-        while name in taken:
-            n += 1
-            name = f"{base}#{n}"
-        taken.add(name)
-        info["id"] = name
-    return out
-
-
-def _refuse_url_credentials(model_list: list[dict[str, Any]]) -> None:
-    """Credentials in ``api_base`` next to an ``api_key`` make the HTTP client refuse every request
-    (it cannot send both): say so at construction, naming the deployment."""
-    for i, d in enumerate(model_list):
-        lp = d.get("litellm_params") or {}
-        if url_has_credentials(lp.get("api_base")) and lp.get("api_key"):
-            raise ConfigError(
-                f"model_list[{i}].litellm_params.api_base",
-                "has credentials before the host and the deployment also has an api_key; the HTTP "
-                "client refuses to send both: remove the user:password@ part",
-            )
 
 
 def _release(sync: SyncRunner) -> None:
@@ -251,12 +185,13 @@ class ResilientRouter(EndpointsMixin):
         allow_loopback()
         self.spec = spec
         self.policy = spec.policy
-        _refuse_url_credentials(spec.model_list)
+        refuse_url_credentials(spec.model_list)
         # The deployments' secrets are scrubbed from every record until this router closes.
-        hold = SecretHold(_secrets_of(spec.model_list))
+        hold = SecretHold(secrets_of(spec.model_list))
         self._forget_secrets = weakref.finalize(self, hold.release)
+        entries = with_readable_ids(spec.model_list)
         self._router = litellm.Router(
-            model_list=_with_readable_ids(spec.model_list),
+            model_list=copy.deepcopy(entries),
             **spec.router_settings,
             num_retries=0,
             disable_cooldowns=True,
@@ -266,7 +201,7 @@ class ResilientRouter(EndpointsMixin):
             default_fallbacks=None,
             retry_after=0,
         )
-        deployments = {info.id: info for info in map(_deployment_info, _litellm.deployments_of(self._router))}
+        deployments = {info.id: info for info in map(deployment_info, _litellm.deployments_of(self._router))}
         # Shared state on Redis (docs/scaling-out.md): breakers and retry budgets fleet-wide.
         wiring = SharedWiring.for_router(spec, deployments, shared_state)
         self.shared_state: Any = wiring.shared
@@ -285,9 +220,11 @@ class ResilientRouter(EndpointsMixin):
         # Direct dispatch where it is proven equivalent to the Router for this config (policy
         # ``dispatch``); the Router's dispatcher serves every other group and operation.
         via_router = RouterDispatcher(self._router, engine)
-        engine.dispatcher, self._dispatch_plan = dispatcher_for(
+        engine.dispatcher, plan = dispatcher_for(
             self._router, engine, via_router, spec.router_settings, spec.policy.dispatch
         )
+        # add_deployment, upsert_deployment, delete_deployment, set_model_list (routing/_model_list.py)
+        self._model_list = ModelList(self, self._router, entries, via_router, wiring, plan)
         # What opens and runs each call (chat here, the other operations in EndpointsMixin).
         self.calls = CallRunner(engine, spec, ClosingSyncRunner())  # its runner closes LiteLLM's clients
         self.guards = engine.guards
@@ -338,7 +275,8 @@ class ResilientRouter(EndpointsMixin):
 
     def dispatch_plan(self) -> dict[str, dict[str, str]]:
         """Per model group, the dispatcher its attempts use (``direct`` or ``router``) and why."""
-        return {g: {"dispatcher": p.dispatcher, "reason": p.reason} for g, p in self._dispatch_plan.items()}
+        plan = self._model_list.plan
+        return {g: {"dispatcher": p.dispatcher, "reason": p.reason} for g, p in plan.items()}
 
     def breakers(self) -> dict[str, dict[str, Any]]:
         """State per deployment id: state, fail_counter, generation, probes in flight, retry_at."""
@@ -350,8 +288,11 @@ class ResilientRouter(EndpointsMixin):
         return self.engine.paces.snapshot()
 
     def breaker(self, deployment_id: str) -> DeploymentBreaker:
-        """The circuit breaker of one deployment."""
-        return self.engine.breakers[deployment_id]
+        """The circuit breaker of one deployment (``KeyError`` for one the router does not serve)."""
+        breakers = self.engine.breakers
+        if deployment_id not in breakers:
+            raise KeyError(deployment_id)
+        return breakers[deployment_id]
 
     def retry_budget(self, group: str) -> RetryBudget:
         """The retry budget of one model group."""
@@ -434,6 +375,7 @@ class ResilientRouter(EndpointsMixin):
         self._detach_observability()
         self._finalizer()
         self._forget_secrets()
+        self._model_list.release()
 
     # -- the rest of litellm.Router's surface (routing/_surface.py) ------------------------------
 
@@ -449,6 +391,34 @@ class ResilientRouter(EndpointsMixin):
     def get_model_names(self, *args: Any, **kwargs: Any) -> Any:
         """``litellm.Router.get_model_names`` of the wrapped Router (pass-through)."""
         return self._router.get_model_names(*args, **kwargs)
+
+    # -- a model list that changes (routing/_model_list.py) --------------------------------------
+
+    def add_deployment(self, deployment: Deployment | Mapping[str, Any]) -> Deployment | None:
+        """Add one deployment, checked as construction checks one, unless its id is served
+        (``litellm.Router.add_deployment``): the deployment added, or None. It gets a closed
+        breaker, its pace (``rpm``/``tpm``), a place in the dispatch plan and the cost guard's
+        price; a ``ConfigError`` leaves the router unchanged. Safe while calls are in flight."""
+        return self._model_list.add(deployment)  # type: ignore[no-any-return]
+
+    def upsert_deployment(self, deployment: Deployment | Mapping[str, Any]) -> Deployment | None:
+        """Add a deployment or replace the one with its id (``litellm.Router.upsert_deployment``):
+        the deployment, or None if it is unchanged. A replaced deployment keeps its breaker while
+        it calls the same model at the same ``api_base`` (else it starts closed) and its pace
+        while its configured ``rpm``/``tpm`` stay."""
+        return self._model_list.upsert(deployment)  # type: ignore[no-any-return]
+
+    def delete_deployment(self, id: str) -> Any:
+        """Take out the deployment with ``id`` (``litellm.Router.delete_deployment``): its entry, or
+        None if no deployment has it. New calls never pick it and its breaker leaves
+        :meth:`breakers`; an attempt in flight on it finishes. The last deployment of a group
+        the fallbacks or the policy name is refused (``ConfigError``): build a new router."""
+        return self._model_list.delete(id)
+
+    def set_model_list(self, model_list: list[dict[str, Any]]) -> None:
+        """Replace every deployment (``litellm.Router.set_model_list``), all or nothing, with the
+        checks of construction; deployments that stay keep their breakers and paces."""
+        self._model_list.replace(model_list)
 
     if not TYPE_CHECKING:  # the type checker sees only the names defined above
 
@@ -484,9 +454,10 @@ def _refused(name: str) -> Callable[..., Any]:
     def refuse(*args: Any, **kwargs: Any) -> Any:
         raise ConfigError(
             name,
-            "would change the deployments or settings the router's breakers, policies and "
-            "dispatch plans were built from; build a new ResilientRouter with the new model list "
-            "or settings (and close() the old one)",
+            "would change the router settings the router's breakers, policies and dispatch "
+            "plans were built from; build a new ResilientRouter with the new settings (and "
+            "close() the old one); the model list changes in place (add_deployment, "
+            "upsert_deployment, delete_deployment, set_model_list)",
         )
 
     refuse.__name__ = name

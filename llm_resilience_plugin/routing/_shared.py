@@ -21,6 +21,8 @@ class SharedWiring:
     shared: Any = None
     router_key: str = ""
     members: list[Any] = field(default_factory=list)
+    # Each deployment's members (its breaker backend): a model-list change stops syncing them.
+    by_deployment: dict[str, list[Any]] = field(default_factory=dict)
 
     @classmethod
     def for_router(
@@ -53,6 +55,7 @@ class SharedWiring:
         lease = self.spec.policy.shared_state.probe_lease or eff.deadline
         backend = self.shared.breaker_backend(self.router_key, info.id, eff.breaker, lease=lease)
         self.members.append(backend)
+        self.by_deployment.setdefault(info.id, []).append(backend)
         return backend
 
     def bucket_for(self, group: str, eff: EffectivePolicy) -> Any:

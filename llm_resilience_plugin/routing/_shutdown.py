@@ -56,6 +56,11 @@ class Shutdown:
                 self._tasks.pop(task, None)
                 self._cut.discard(task)
 
+    def loops(self) -> set[asyncio.AbstractEventLoop]:
+        """The event loops the calls in flight run on."""
+        with self._lock:
+            return {task.get_loop() for task in self._tasks}
+
     def was_cut(self, task: asyncio.Task[Any] | None) -> bool:
         """Was ``task`` cancelled by the shutdown? Then its cancellation is taken back (the call
         raises :class:`RouterClosedError` instead; the caller's own task is not left cancelled)."""

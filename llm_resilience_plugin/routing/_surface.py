@@ -6,8 +6,12 @@
   ``router.afile_list(...)``): the model list and its lookups, and the endpoints the engine does
   not run. A pass-through call is one request through the wrapped Router, whose own retries,
   fallbacks and cooldowns are off: no resilience.
-* **refused**: calls that would change what the engine was built from (the model list, router
-  settings) raise a ``ConfigError`` saying to build a new router.
+* **model-list changes**: ``add_deployment``, ``upsert_deployment``, ``delete_deployment`` and
+  ``set_model_list``, defined by ``ResilientRouter``: checked as construction checks a model list,
+  then made on the wrapped Router with the engine's breakers, paces, policies, dispatch plan and
+  the cost guard kept consistent (``routing/_model_list.py``).
+* **refused**: calls that would change what else the engine was built from (router settings,
+  the routing strategy) raise a ``ConfigError`` saying to build a new router.
 * **machinery**: the wrapped Router's routing, cooldown, health and callback internals; the
   plugin makes those decisions, so ``ResilientRouter`` does not offer them (read them on
   ``router.litellm_router``).
@@ -102,13 +106,12 @@ PASS_THROUGH_FAMILIES: dict[str, str] = {
 }
 _FAMILIES = [(family, re.compile(pattern)) for family, pattern in PASS_THROUGH_FAMILIES.items()]
 
-# Changes to what the engine was built from (breakers, policies, plans, prices per deployment).
+# Changes to the model list, kept consistent with the engine (ResilientRouter defines them).
+MODEL_LIST_CHANGES = frozenset({"add_deployment", "upsert_deployment", "delete_deployment", "set_model_list"})
+
+# Changes to what else the engine was built from (router settings, the routing strategy).
 REFUSED = frozenset(
     {
-        "add_deployment",
-        "upsert_deployment",
-        "delete_deployment",
-        "set_model_list",
         "update_settings",
         "apply",
         "aapply",
@@ -185,10 +188,12 @@ def pass_through_family(name: str) -> str | None:
 
 
 def standing(name: str) -> str | None:
-    """``resilient``, ``pass-through``, ``refused`` or ``machinery`` for a public name of
-    ``litellm.Router``; None for a name not classified (a new LiteLLM method)."""
+    """``resilient``, ``model-list change``, ``pass-through``, ``refused`` or ``machinery`` for a
+    public name of ``litellm.Router``; None for a name not classified (a new LiteLLM method)."""
     if name in RESILIENT:
         return "resilient"
+    if name in MODEL_LIST_CHANGES:
+        return "model-list change"
     if name in REFUSED:
         return "refused"
     if pass_through_family(name) is not None:
@@ -198,6 +203,7 @@ def standing(name: str) -> str | None:
 
 __all__ = [
     "MACHINERY",
+    "MODEL_LIST_CHANGES",
     "PASS_THROUGH_FAMILIES",
     "PASS_THROUGH_NAMES",
     "REFUSED",

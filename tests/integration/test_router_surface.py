@@ -4,6 +4,8 @@ behaves as documented, over real HTTP against the simulator."""
 
 from __future__ import annotations
 
+import inspect
+
 import litellm
 import pytest
 
@@ -46,6 +48,20 @@ def test_pass_through_names_reach_the_wrapped_router(sim, make_router) -> None:
         mine, theirs = getattr(router, name), getattr(inner, name)  # endpoints are made per read
         assert type(mine) is type(theirs), name
         assert getattr(mine, "__qualname__", mine) == getattr(theirs, "__qualname__", theirs), name
+
+
+def test_model_list_changes_are_the_routers_own_with_litellms_signatures(sim, make_router) -> None:
+    """add_deployment, upsert_deployment, delete_deployment, set_model_list: drop-in for
+    litellm.Router's (same parameters); what they keep consistent: tests/integration/test_model_list.py."""
+    router = make_router({"g": ["a"]})
+    for name in sorted(_surface.MODEL_LIST_CHANGES):
+        assert name in vars(ResilientRouter), name
+        assert _surface.standing(name) == "model-list change"
+        theirs = getattr(litellm.Router, name, None)
+        if theirs is not None:  # on this LiteLLM
+            assert list(inspect.signature(getattr(router, name)).parameters) == [
+                p for p in inspect.signature(theirs).parameters if p != "self"
+            ], name
 
 
 def test_refused_names_raise_a_config_error_naming_the_fix(sim, make_router) -> None:
