@@ -153,8 +153,9 @@ def _run(system: str, load: float, args: argparse.Namespace, sim: Any, redis_url
         p.join(timeout=30)
     reqs = sim.requests("shared")[before:]
     refused = sum(1 for r in reqs if r.status == 429)
-    # Goodput: answers that came back while the load was offered, a second, against the limit.
-    end = start + args.seconds
+    # Goodput: answers to the requests sent while the load was offered (those that came back by
+    # its end plus one answer time), a second, against the limit.
+    end = start + args.seconds + args.latency
     in_window = sum(1 for r in results if r[3] and r[2] <= end)
     p0 = [e - t for pr, t, e, ok, _ in results if pr == "P0" and ok]
     kinds: dict[str, int] = {}
