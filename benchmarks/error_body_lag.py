@@ -43,7 +43,11 @@ async def measure(kb: int, calls: int) -> dict[str, Any]:
         with ProviderSimulator() as sim:
             dep = {
                 "model_name": "g",
-                "litellm_params": {"model": "openai/gpt-4o-mini", "api_key": "sk-sim", "api_base": sim.api_base("a")},
+                "litellm_params": {
+                    "model": "openai/gpt-4o-mini",
+                    "api_key": "sk-sim",
+                    "api_base": sim.api_base("a"),
+                },
                 "model_info": {"id": "a"},
             }
             router = ResilientRouter(model_list=[dep], policy={"deadline": 30, "attempt_timeout": 20})

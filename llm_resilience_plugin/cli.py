@@ -76,7 +76,9 @@ def _env_problems(raw: Mapping[str, Any], without_secrets: bool = False) -> list
                     " (environment_variables sets it for LiteLLM's proxy only: ResilientRouter does "
                     "not apply that section; export it)"
                 )
-            problems.append(Problem(field, f"environment variable {name} is {why} (read by {value}){note}", severity))
+            problems.append(
+                Problem(field, f"environment variable {name} is {why} (read by {value}){note}", severity)
+            )
     return problems
 
 
@@ -312,7 +314,9 @@ def _print_policy(path: str, spec: Any, out: dict[str, Any]) -> None:
             print(f"  budget {b['name']}: ${b['limit']:g} per {b['period']}{scope}")
     if out.get("proxy_sections"):
         listed = ", ".join(f"{k} ({v['keys']} keys)" for k, v in out["proxy_sections"].items())
-        print(f"\n[proxy] {listed}: LiteLLM proxy's sections, checked; ResilientRouter reads none of their keys")
+        print(
+            f"\n[proxy] {listed}: LiteLLM proxy's sections, checked; ResilientRouter reads none of their keys"
+        )
     if out.get("litellm"):
         _print_litellm(out["litellm"])
 

@@ -34,7 +34,9 @@ def _close_if_coroutine(value: Any) -> None:
 def _from_executor(fut: Any) -> bool:
     """Is ``fut`` the asyncio side of an executor's future (``loop.run_in_executor``)?"""
     callbacks = getattr(fut, "_callbacks", None)
-    return bool(callbacks) and any(getattr(cb, "__name__", "") == _EXECUTOR_LINK for cb, _ in callbacks)
+    if not callbacks:
+        return False
+    return any(getattr(cb, "__name__", "") == _EXECUTOR_LINK for cb, _ in callbacks)
 
 
 def _stand_in(fut: asyncio.Future[Any]) -> asyncio.Future[Any]:

@@ -67,7 +67,9 @@ _PROXY_KEYS = frozenset(
     }
 )
 # Of those, the ones it still sets as given (their type is checked like any litellm.<key>).
-_SET_AS_IS = frozenset({"request_timeout", "budget_reset_time", "s3_callback_params", "s3_audit_callback_params"})
+_SET_AS_IS = frozenset(
+    {"request_timeout", "budget_reset_time", "s3_callback_params", "s3_audit_callback_params"}
+)
 _NOT_READ = "LiteLLM proxy's section; ResilientRouter does not read it"
 
 
@@ -114,7 +116,11 @@ def _litellm_settings_problems(section: Mapping[str, Any]) -> list[Problem]:
         if key not in known:
             hint = closest(str(key), sorted(known))
             problems.append(
-                Problem(field, f"not a setting of litellm {_litellm.litellm_version()}{hint} ({_NOT_READ})", "warning")
+                Problem(
+                    field,
+                    f"not a setting of litellm {_litellm.litellm_version()}{hint} ({_NOT_READ})",
+                    "warning",
+                )
             )
             continue
         expected = typed.get(str(key))
@@ -151,9 +157,7 @@ def _general_settings_problems(section: Mapping[str, Any]) -> list[Problem]:
         except Exception as exc:  # a pydantic ValidationError: its message, never the value
             errors = getattr(exc, "errors", None)
             msgs = [e.get("msg", "invalid") for e in errors(include_input=False)] if callable(errors) else []
-            problems.append(
-                Problem(field, f"{'; '.join(msgs) or 'invalid value'} ({_NOT_READ})", "warning")
-            )
+            problems.append(Problem(field, f"{'; '.join(msgs) or 'invalid value'} ({_NOT_READ})", "warning"))
     return problems
 
 
@@ -163,7 +167,9 @@ def _environment_problems(section: Mapping[str, Any]) -> list[Problem]:
         field = f"environment_variables.{key}"
         if not isinstance(key, str) or not _ENV_NAME.match(key):
             problems.append(
-                Problem(field, f"not an environment variable name (letters, digits, _) ({_NOT_READ})", "warning")
+                Problem(
+                    field, f"not an environment variable name (letters, digits, _) ({_NOT_READ})", "warning"
+                )
             )
         if value is None or isinstance(value, Mapping | list):
             problems.append(

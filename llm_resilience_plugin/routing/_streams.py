@@ -19,13 +19,12 @@ import dataclasses
 import functools
 import threading
 import weakref
-from collections.abc import AsyncIterator, Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
+from typing import TYPE_CHECKING, Any, cast
 
 from llm_resilience_plugin._engine.watchdog import AttemptWatchdog
 from llm_resilience_plugin.errors import Failure, StreamInterruptedError
 from llm_resilience_plugin.events import CallReport, StreamBreak, StreamRestart, hidden_params_of
-from llm_resilience_plugin.routing._shutdown import StreamWatch, cut_error
 from llm_resilience_plugin.routing._chunks import (
     chunk_finish,
     chunk_has_payload,
@@ -36,6 +35,7 @@ from llm_resilience_plugin.routing._chunks import (
     is_usage_only,
     set_chunk_text,
 )
+from llm_resilience_plugin.routing._shutdown import StreamWatch, cut_error
 
 if TYPE_CHECKING:
     from llm_resilience_plugin._engine.drivers import SyncRunner
@@ -200,12 +200,12 @@ class ResilientStream:
             return self._watched(self.watch)
         return self._iterate()
 
-    async def _watched(self, watch: StreamWatch) -> AsyncIterator[Any]:
+    async def _watched(self, watch: StreamWatch) -> AsyncGenerator[Any, None]:
         """:meth:`_iterate` as the router's shutdown sees it: each read marked; a read the shutdown
         cut (or one after it) raises :class:`RouterClosedError` (the report says cancelled,
         nothing is counted); the watch ends - and lets go of the call's own credentials - once
         nothing more can come from the stream (its end, an error raised, a close, a cut)."""
-        inner = self._iterate()
+        inner = cast("AsyncGenerator[Any, None]", self._iterate())
         try:
             while True:
                 if watch.cut:

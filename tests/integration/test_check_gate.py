@@ -188,8 +188,15 @@ def test_check_validates_the_proxys_sections_and_says_the_router_reads_none(
     monkeypatch.delenv("GATE_TEST_BACKUP_KEY", raising=False)
     monkeypatch.delenv("GATE_TEST_MASTER_KEY", raising=False)
     cfg = _write(tmp_path, CONFIG + PROXY)
-    secrets = ("db-password-4e5f6a", "sk-exported-backup-0a1b2c3d4e5f", "lf-secret-9f8e7d6c5b4a", "sk-gate-openai")
-    assert main(["check", str(cfg), "--no-secrets"]) == 0  # the proxy's sections never fail the router's check
+    secrets = (
+        "db-password-4e5f6a",
+        "sk-exported-backup-0a1b2c3d4e5f",
+        "lf-secret-9f8e7d6c5b4a",
+        "sk-gate-openai",
+    )
+    assert (
+        main(["check", str(cfg), "--no-secrets"]) == 0
+    )  # the proxy's sections never fail the router's check
     out = capsys.readouterr().out
     assert not any(s in out for s in secrets), out
     warned = [line.split(None, 1)[1] for line in out.splitlines() if line.startswith("  warning")]
@@ -204,7 +211,9 @@ def test_check_validates_the_proxys_sections_and_says_the_router_reads_none(
     # Set only for the proxy: the router would not see it.
     assert "ResilientRouter does not apply that section" in lines["model_list[1].litellm_params.api_key"]
     assert all("ResilientRouter does not" in line for line in lines.values()), lines
-    assert "[proxy] litellm_settings (4 keys), general_settings (4 keys), environment_variables (3 keys)" in out
+    assert (
+        "[proxy] litellm_settings (4 keys), general_settings (4 keys), environment_variables (3 keys)" in out
+    )
     assert "ResilientRouter reads none of their keys" in out
     # The same in JSON; a section that is not a mapping is an error (the proxy cannot start).
     assert main(["check", str(cfg), "--no-secrets", "--json"]) == 0

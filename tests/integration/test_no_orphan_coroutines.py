@@ -96,7 +96,9 @@ async def test_a_call_cancelled_while_litellm_waits_for_its_executor_leaves_no_c
             caught = 0
             for i in range(12):
                 stream = i % 2 == 1
-                caught += await _cancel_in_executor(router.acompletion(model="g", messages=BIG, stream=stream))
+                caught += await _cancel_in_executor(
+                    router.acompletion(model="g", messages=BIG, stream=stream)
+                )
             assert caught >= 4, "never caught LiteLLM in its executor"
             # Nothing was left half-done: the router still answers.
             assert (await router.acompletion(model="g", messages=MSG)).choices[0].message.content
@@ -138,11 +140,11 @@ def test_blocking_calls_and_a_close_with_calls_in_flight_emit_no_runtime_warning
             router.completion(model="g", messages=MSG)
             list(router.completion(model="g", messages=MSG, stream=True))
 
-            def one() -> None:
+            def one(router: ResilientRouter) -> None:
                 with contextlib.suppress(Exception):
                     router.completion(model="g", messages=BIG)
 
-            threads = [threading.Thread(target=one) for _ in range(8)]
+            threads = [threading.Thread(target=one, args=(router,)) for _ in range(8)]
             for t in threads:
                 t.start()
             end = time.monotonic() + 2
