@@ -222,6 +222,9 @@ class ResilientStream:
                     task.uncancel()  # the caller's task is not left cancelled
                     watch.reader = None
                     await self.aclose()
+                    if self.report.outcome is None:  # cut while a break was being recovered
+                        self.report.outcome = "cancelled"
+                        self._live.publish(self.report)
                     raise cut_error(self.report) from None
                 watch.reader = None
                 yield chunk

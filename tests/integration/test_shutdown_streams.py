@@ -121,6 +121,32 @@ async def test_aclose_from_the_task_reading_the_stream_does_not_wait_for_itself(
     _nothing_counted(router)
 
 
+async def test_a_stream_cut_while_its_break_is_recovered_counts_only_the_break(
+    sim: ProviderSimulator,
+) -> None:
+    sim.set_default("a", Fault.stream_cut(after_chunks=3))
+    sim.set_default("b", Fault.slow_first_token(30))  # the continuation never comes in time
+    router = ResilientRouter(
+        model_list=[deployment(sim, "primary", "a"), deployment(sim, "backup", "b")],
+        fallbacks=[{"primary": ["backup"]}],
+        policy={**FAST_POLICY, "deadline": 60, "attempt_timeout": 60},
+    )
+    reports: list[Any] = []
+    router.subscribe(lambda e: reports.append(e) if hasattr(e, "attempts") and e.outcome else None)
+    stream = await router.acompletion(model="primary", messages=MSG, stream=True, temperature=0)
+    reader = asyncio.create_task(_read(stream, []))
+    await _until(lambda: sim.count() >= 2)  # a broke, the recovery waits on b
+    await asyncio.sleep(0.1)
+    await router.aclose(grace=0.2)
+    outcome = (await asyncio.gather(reader, return_exceptions=True))[0]
+    assert isinstance(outcome, RouterClosedError), outcome
+    report = get_report(outcome)
+    assert report is not None and report.outcome == "cancelled"
+    assert [(a.deployment_id, a.outcome) for a in report.attempts] == [("a", "failure"), ("b", "cancelled")]
+    assert [r.outcome for r in reports] == ["cancelled"]
+    assert router.breakers()["b"]["fail_counter"] == 0  # the shutdown counted against nobody
+
+
 def _read_in_thread(stream: Any) -> tuple[threading.Thread, list[Any], list[BaseException]]:
     got: list[Any] = []
     ended: list[BaseException] = []
