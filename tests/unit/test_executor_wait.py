@@ -39,8 +39,8 @@ async def _cancel_mid_executor(wrap: bool) -> list[str]:
     started, release = threading.Event(), threading.Event()
     call = _like_acompletion(started, release)
     task = asyncio.ensure_future(quiet_cancel(call) if wrap else call)
-    while not started.is_set():
-        await asyncio.sleep(0.001)
+    await asyncio.sleep(0)  # the task starts and hands _prepare to the executor
+    assert started.wait(5)  # the executor's thread is in _prepare: the task waits for it
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
