@@ -479,3 +479,13 @@ def response_format_of(schema: type) -> dict[str, Any]:
             return dict(built)
     json_schema = schema.model_json_schema()  # type: ignore[attr-defined]
     return {"type": "json_schema", "json_schema": {"name": schema.__name__, "schema": json_schema}}
+
+
+def proxy_general_settings() -> Any:
+    """LiteLLM proxy's model of a config's ``general_settings`` (a pydantic class), or None where
+    this LiteLLM has none; read by ``llm-resilience check`` only (the router never reads them)."""
+    try:
+        from litellm.proxy._types import ConfigGeneralSettings
+    except Exception:  # an older or slimmer LiteLLM: the keys cannot be checked
+        return None
+    return ConfigGeneralSettings

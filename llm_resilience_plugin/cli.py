@@ -48,9 +48,17 @@ def _env_problems(raw: Mapping[str, Any], without_secrets: bool = False) -> list
     """``os.environ/NAME`` references whose variable is unset or empty (named, never printed;
     warnings ``without_secrets``: a CI job checking a config has no keys), and every secret in
     the config registered for scrubbing from what this command prints."""
-    severity: Any = "warning" if without_secrets else "error"
+    from llm_resilience_plugin.policy._proxy_sections import PROXY_SECTIONS
+
+    exported = raw.get("environment_variables")
+    exported = exported if isinstance(exported, Mapping) else {}
+    for value in exported.values():  # the proxy exports them: often keys, never printed
+        if isinstance(value, str | int | float) and not isinstance(value, bool) and str(value):
+            register_secret(str(value))
     problems = []
-    for section in ("model_list", "router_settings", "cost"):
+    for section in ("model_list", "router_settings", "cost", *PROXY_SECTIONS):
+        proxy = section in PROXY_SECTIONS  # not read by the router: never more than a warning
+        severity: Any = "warning" if without_secrets or proxy else "error"
         for field, key, value in _strings(raw.get(section), section):
             if not value.startswith(ENV_PREFIX):
                 if is_secret_key(key):
@@ -58,16 +66,19 @@ def _env_problems(raw: Mapping[str, Any], without_secrets: bool = False) -> list
                 continue
             name = value.removeprefix(ENV_PREFIX)
             resolved = os.environ.get(name)
-            if resolved is None:
-                problems.append(
-                    Problem(field, f"environment variable {name} is not set (read by {value})", severity)
-                )
-            elif not resolved:
-                problems.append(
-                    Problem(field, f"environment variable {name} is empty (read by {value})", severity)
-                )
-            else:
+            if resolved:
                 register_secret(resolved)
+                continue
+            why = "not set" if resolved is None else "empty"
+            note = " (LiteLLM proxy's section; ResilientRouter does not read it)" if proxy else ""
+            if not proxy and name in exported:
+                note = (
+                    " (environment_variables sets it for LiteLLM's proxy only: ResilientRouter does "
+                    "not apply that section; export it)"
+                )
+            problems.append(
+                Problem(field, f"environment variable {name} is {why} (read by {value}){note}", severity)
+            )
     return problems
 
 
@@ -274,6 +285,17 @@ def _litellm_section() -> dict[str, Any]:
     }
 
 
+def _proxy_sections(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """The proxy's sections present: how many keys each has, and which the router reads (none)."""
+    from llm_resilience_plugin.policy._proxy_sections import PROXY_SECTIONS, ROUTER_READS
+
+    return {
+        name: {"keys": len(raw[name]), "read_by_router": list(ROUTER_READS[name])}
+        for name in PROXY_SECTIONS
+        if isinstance(raw.get(name), Mapping)
+    }
+
+
 def _print_litellm(section: Mapping[str, Any]) -> None:
     print(f"\n[litellm] {section['version']} (supported litellm{section['supported']})")
     for name, c in section["capabilities"].items():
@@ -306,6 +328,11 @@ def _print_policy(path: str, spec: Any, out: dict[str, Any]) -> None:
         for b in cost["budgets"]:
             scope = f" per {b['scope']}" if b["scope"] else ""
             print(f"  budget {b['name']}: ${b['limit']:g} per {b['period']}{scope}")
+    if out.get("proxy_sections"):
+        listed = ", ".join(f"{k} ({v['keys']} keys)" for k, v in out["proxy_sections"].items())
+        print(
+            f"\n[proxy] {listed}: LiteLLM proxy's sections, checked; ResilientRouter reads none of their keys"
+        )
     if out.get("litellm"):
         _print_litellm(out["litellm"])
 
@@ -313,6 +340,7 @@ def _print_policy(path: str, spec: Any, out: dict[str, Any]) -> None:
 def _check(path: str, as_json: bool, without_secrets: bool = False) -> int:
     from llm_resilience_plugin.cost import cost_config_problems
     from llm_resilience_plugin.policy import config_problems, read_config
+    from llm_resilience_plugin.policy._proxy_sections import proxy_section_problems
     from llm_resilience_plugin.testing.chaos import chaos_problems
 
     raw = read_config(path)
@@ -324,6 +352,7 @@ def _check(path: str, as_json: bool, without_secrets: bool = False) -> int:
             problems += cost_config_problems(raw["cost"])
         problems += _provider_problems(raw.get("model_list"))
         problems += chaos_problems(raw, spec.groups if spec is not None else ())
+        problems += proxy_section_problems(raw)
     errors = [p for p in problems if p.severity == "error"]
     guard: Any = None
     dispatch: dict[str, Any] = {}
@@ -335,6 +364,7 @@ def _check(path: str, as_json: bool, without_secrets: bool = False) -> int:
     if not errors and spec is not None:
         out = _describe(spec, guard, dispatch)
         out["litellm"] = _litellm_section()
+        out["proxy_sections"] = _proxy_sections(raw)
     if guard is not None:
         guard.close()
     warnings = len(problems) - len(errors)

@@ -59,7 +59,7 @@ from llm_resilience_plugin.events import (
     usage_of,
 )
 from llm_resilience_plugin.policy import ResiliencePolicy, RouterSpec, TierPolicy
-from llm_resilience_plugin.routing._shutdown import Shutdown, closed_error
+from llm_resilience_plugin.routing._shutdown import Shutdown, closed_error, cut_error
 from llm_resilience_plugin.routing._streams import ResilientStream, StaticStream
 
 __all__ = ["CallRunner", "response_type"]
@@ -238,11 +238,7 @@ class CallRunner:
         r.outcome = "cancelled"
         r.total_latency_s = self.engine.clock.wall() - r.started_at
         self.engine.emit(ctx, r)
-        return RouterClosedError(
-            "the router was closed while this call was in flight: cancelled after the shutdown's "
-            "grace period (it counts against no deployment)",
-            r,
-        )
+        return cut_error(r)
 
     async def _complete(self, ctx: CallState, group: str, messages: Any, kwargs: dict[str, Any]) -> Any:
         store = self.store
@@ -313,29 +309,33 @@ class CallRunner:
     async def stream(
         self, ctx: CallState, group: str, messages: Any, kwargs: dict[str, Any]
     ) -> ResilientStream | StaticStream:
-        """A stream call: the first route's :class:`ResilientStream` (or a static answer's); the
-        call's own credentials stay held for scrubbing while the stream is alive; one the
-        router's shutdown cancels raises :class:`RouterClosedError`."""
+        """A stream call: the first route's :class:`ResilientStream` (or a static answer's),
+        watched by the router's shutdown until it ends; the call's own credentials stay held for
+        scrubbing until then (its last chunk, its error, ``aclose()``, or a cut by the shutdown,
+        which raises :class:`RouterClosedError`)."""
         hold = _call_secrets(kwargs)
         shutdown = self.shutdown
         task = shutdown.enter()
+        release = hold.release if hold is not None else None
         try:
             result = await walk_routes(self.engine, ctx, group, messages, kwargs)
+            assert isinstance(result, ResilientStream | StaticStream)
+            if isinstance(result, ResilientStream):  # watched until it ends (then the hold goes)
+                result.watch = shutdown.watch(result, release)
+            elif release is not None:  # a static answer: one chunk, nothing sent
+                weakref.finalize(result, release)
         except asyncio.CancelledError:
-            if hold is not None:
-                hold.release()
+            if release is not None:
+                release()
             if shutdown.was_cut(task):
                 raise self._cut_short(ctx) from None
             raise
         except BaseException:
-            if hold is not None:
-                hold.release()
+            if release is not None:
+                release()
             raise
         finally:
             shutdown.leave(task)
-        assert isinstance(result, ResilientStream | StaticStream)
-        if hold is not None:
-            weakref.finalize(result, hold.release)
         return result
 
 

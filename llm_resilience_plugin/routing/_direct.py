@@ -31,6 +31,7 @@ from llm_resilience_plugin import _litellm
 from llm_resilience_plugin._engine.attempt import AttemptContext, deployment_id_of
 from llm_resilience_plugin._engine.dispatch import CHAT
 from llm_resilience_plugin._engine.engine import Engine
+from llm_resilience_plugin._engine.executor_wait import quiet_cancel
 from llm_resilience_plugin._engine.watchdog import AttemptWatchdog
 from llm_resilience_plugin.events import CallReport
 from llm_resilience_plugin.routing._direct_ops import (
@@ -345,10 +346,10 @@ class DirectDispatcher:
                 if limit is not None:
                     with limit:
                         attempt.sent = True
-                        resp: Any = await send(**sent)
+                        resp: Any = await quiet_cancel(send(**sent))
                 else:
                     attempt.sent = True
-                    resp = await send(**sent)
+                    resp = await quiet_cancel(send(**sent))
                 if call.stream:
                     skipper = skip_malformed_events(resp)  # before the SDK stream is first read
                     pre = await prefetch_stream(resp)

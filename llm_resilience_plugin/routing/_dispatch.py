@@ -17,6 +17,7 @@ import litellm
 from llm_resilience_plugin._engine.attempt import AttemptContext
 from llm_resilience_plugin._engine.dispatch import CHAT, PAYLOAD_KEYS
 from llm_resilience_plugin._engine.engine import Engine
+from llm_resilience_plugin._engine.executor_wait import quiet_cancel
 from llm_resilience_plugin._engine.live import LiveAttempt
 from llm_resilience_plugin._engine.watchdog import AttemptWatchdog
 from llm_resilience_plugin.events import (
@@ -131,15 +132,17 @@ class RouterDispatcher:
             md = attempt_kwargs["litellm_metadata" if op == "responses" else "metadata"]
             with AttemptWatchdog(bound):  # the hard bound, if LiteLLM's timeout does not end it first
                 if op == CHAT:
-                    resp: Any = await self.router.acompletion(
-                        model=attempt.group,
-                        messages=messages,  # type: ignore[arg-type]
-                        **attempt_kwargs,
+                    resp: Any = await quiet_cancel(
+                        self.router.acompletion(
+                            model=attempt.group,
+                            messages=messages,  # type: ignore[arg-type]
+                            **attempt_kwargs,
+                        )
                     )
                 else:  # the same attempt through the Router's function for the operation
                     send = getattr(self.router, "a" + op)
                     attempt_kwargs[PAYLOAD_KEYS[op]] = messages
-                    resp = await send(model=attempt.group, **attempt_kwargs)
+                    resp = await quiet_cancel(send(model=attempt.group, **attempt_kwargs))
                 if call.stream:
                     resp = await prefetch_stream(resp)
         except BaseException:

@@ -357,16 +357,19 @@ class ResilientRouter(EndpointsMixin):
 
     def close(self, grace: float = DEFAULT_GRACE) -> None:
         """Shut down: refuse new calls (:class:`RouterClosedError`), wait up to ``grace``
-        seconds for the calls in flight, cancel the rest (reported ``cancelled``, counted against
-        no deployment), then release the private loop, LiteLLM's clients on it and, with the last
-        router, LiteLLM's hook. From inside a running event loop prefer :meth:`aclose`: calls on
-        that loop cannot finish while this blocks, so they are cancelled at once."""
+        seconds for the calls and streams in flight, cancel the rest (reported ``cancelled``,
+        counted against no deployment; a cut stream's read raises :class:`RouterClosedError`),
+        then release the private loop, LiteLLM's clients on it and, with the last router,
+        LiteLLM's hook. From inside a running event loop prefer :meth:`aclose`: calls on that
+        loop cannot finish while this blocks, so they are cancelled at once (as is a stream this
+        thread reads)."""
         grace = _grace(grace)
         self.calls.shutdown.drain(grace)
         self._release()
 
     async def aclose(self, grace: float = DEFAULT_GRACE) -> None:
-        """The async twin of :meth:`close`: calls on this loop go on during the grace period."""
+        """The async twin of :meth:`close`: calls and streams on this loop go on during the grace
+        period (a stream the closing task itself reads is cut at once)."""
         grace = _grace(grace)
         await self.calls.shutdown.adrain(grace)
         await asyncio.to_thread(self._release)

@@ -17,9 +17,10 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import threading
 import weakref
-from collections.abc import AsyncIterator, Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
+from typing import TYPE_CHECKING, Any, cast
 
 from llm_resilience_plugin._engine.watchdog import AttemptWatchdog
 from llm_resilience_plugin.errors import Failure, StreamInterruptedError
@@ -34,6 +35,7 @@ from llm_resilience_plugin.routing._chunks import (
     is_usage_only,
     set_chunk_text,
 )
+from llm_resilience_plugin.routing._shutdown import StreamWatch, cut_error
 
 if TYPE_CHECKING:
     from llm_resilience_plugin._engine.drivers import SyncRunner
@@ -169,6 +171,7 @@ class ResilientStream:
         # A stream dropped without being read to its end or closed still lets go of its breaker
         # ticket (a half-open probe) and settles its cost reservation, when it is collected.
         self._abandoned = weakref.finalize(self, live.abandoned, self._parts)
+        self.watch: StreamWatch | None = None  # the router's shutdown watches the caller's stream
 
     @property
     def partial_text(self) -> str:
@@ -193,7 +196,43 @@ class ResilientStream:
         return nxt
 
     def __aiter__(self) -> AsyncIterator[Any]:
+        if self.watch is not None:
+            return self._watched(self.watch)
         return self._iterate()
+
+    async def _watched(self, watch: StreamWatch) -> AsyncGenerator[Any, None]:
+        """:meth:`_iterate` as the router's shutdown sees it: each read marked; a read the shutdown
+        cut (or one after it) raises :class:`RouterClosedError` (the report says cancelled,
+        nothing is counted); the watch ends - and lets go of the call's own credentials - once
+        nothing more can come from the stream (its end, an error raised, a close, a cut)."""
+        inner = cast("AsyncGenerator[Any, None]", self._iterate())
+        try:
+            while True:
+                if watch.cut:
+                    raise cut_error(self.report)
+                task = asyncio.current_task()
+                watch.reading(task)
+                try:
+                    chunk = await inner.__anext__()
+                except StopAsyncIteration:
+                    return
+                except asyncio.CancelledError:
+                    if not (watch.cut and task is not None and task.cancelling()):
+                        raise
+                    task.uncancel()  # the caller's task is not left cancelled
+                    watch.reader = None
+                    await self.aclose()
+                    if self.report.outcome is None:  # cut while a break was being recovered
+                        self.report.outcome = "cancelled"
+                        self._live.publish(self.report)
+                    raise cut_error(self.report) from None
+                watch.reader = None
+                yield chunk
+        finally:
+            try:
+                await inner.aclose()
+            finally:
+                watch.end()
 
     async def _iterate(self) -> AsyncIterator[Any]:
         if self._closed:
@@ -463,6 +502,8 @@ class ResilientStream:
         if self._next is not None:
             await self._next.aclose()
         await self._close_source()
+        if self.watch is not None:
+            self.watch.end()
 
 
 class StaticStream:
@@ -502,6 +543,9 @@ class SyncResilientStream:
     def __init__(self, stream: ResilientStream | StaticStream, runner: SyncRunner) -> None:
         self._stream = stream
         self._runner = runner
+        self._watch = getattr(stream, "watch", None)
+        if self._watch is not None:
+            self._watch.blocking = True  # its reader is the thread calling next(), not a task
         self._it = stream.__aiter__()
         self.report = stream.report
 
@@ -520,12 +564,16 @@ class SyncResilientStream:
         async def step() -> Any:
             return await self._it.__anext__()
 
+        if self._watch is not None:
+            self._watch.owner = threading.get_ident()
         try:
             return self._runner.run(step())
         except StopAsyncIteration:
             raise StopIteration from None
 
     def close(self) -> None:
+        if self._watch is not None and self._watch.ended:
+            return  # nothing left to close (its end, a close, or the router's shutdown)
         self._runner.run(self._stream.aclose())
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import litellm
 import pytest
 
-from llm_resilience_plugin import AllRoutesFailedError, ResilientRouter, get_report
+from llm_resilience_plugin import AllRoutesFailedError, ResilientRouter, StreamInterruptedError, get_report
 from llm_resilience_plugin._redaction import REDACTED, scrub
 from llm_resilience_plugin.observability import JsonFormatter, attach_router_logging
 from llm_resilience_plugin.testing import FakeClock, Fault, ProviderSimulator
@@ -171,3 +171,45 @@ def test_deployments_and_check_show_no_credential(sim: ProviderSimulator, tmp_pa
     assert main(["check", str(cfg)]) == 0
     out = capsys.readouterr().out
     assert "deployment a" in out and not any(s in out for s in secrets), out
+
+
+async def test_a_streams_own_key_is_let_go_when_the_stream_ends_not_when_it_is_collected(
+    sim: ProviderSimulator,
+) -> None:
+    router = _router(sim)
+    try:
+        sim.set_default("a", Fault.ok(text="one two three four"))
+        # Read to its end: held while chunks come, let go at the last one (the stream still alive).
+        stream = await router.acompletion(model="primary", messages=MSG, api_key=CALL_KEY, stream=True)
+        async for _ in stream:
+            assert scrub(CALL_KEY) == REDACTED
+        assert scrub(CALL_KEY) == CALL_KEY
+        # Closed early.
+        early = await router.acompletion(model="primary", messages=MSG, api_key=CALL_KEY, stream=True)
+        await early.__aiter__().__anext__()
+        assert scrub(CALL_KEY) == REDACTED
+        await early.aclose()
+        assert scrub(CALL_KEY) == CALL_KEY
+        # The blocking twin, read to its end.
+        blocking = router.completion(model="primary", messages=MSG, api_key=CALL_KEY, stream=True)
+        assert [c for c in blocking] and scrub(CALL_KEY) == CALL_KEY
+        # Broken after content with no route left: held until the error is raised, then let go.
+        sim.set_default("a", Fault.stream_cut(after_chunks=2))
+        sim.set_default("b", Fault.stream_cut(after_chunks=0))
+        broken = await router.acompletion(model="primary", messages=MSG, api_key=CALL_KEY, stream=True)
+        with pytest.raises(StreamInterruptedError) as failed:
+            async for _ in broken:
+                assert scrub(CALL_KEY) == REDACTED
+        assert CALL_KEY not in str(failed.value)
+        assert scrub(CALL_KEY) == CALL_KEY
+    finally:
+        router.close()
+    # Cut by the router's shutdown.
+    closing = _router(sim)
+    sim.set_default("a", Fault.ok(text="word " * 400, chunk_delay=0.05))
+    cut = await closing.acompletion(model="primary", messages=MSG, api_key=CALL_KEY, stream=True)
+    await cut.__aiter__().__anext__()
+    assert scrub(CALL_KEY) == REDACTED
+    await closing.aclose(grace=0)
+    assert scrub(CALL_KEY) == CALL_KEY
+    assert cut.report.outcome == "cancelled"

@@ -159,3 +159,68 @@ def test_a_line_break_in_a_retry_after_header_is_refused() -> None:
         with pytest.raises(ValueError, match="retry_after"):
             Fault.http_error(429, retry_after=bad)
     assert Fault.http_error(429, retry_after="Wed, 21 Oct 2015 07:28:00 GMT").retry_after
+
+
+PROXY = textwrap.dedent(
+    """
+    litellm_settings:
+      drop_parms: true
+      request_timeout: "thirty"
+      num_retries: 3
+      success_callback: [langfuse]
+    general_settings:
+      master_key: os.environ/GATE_TEST_MASTER_KEY
+      database_url: postgresql://llm:db-password-4e5f6a@db.internal:5432/litellm
+      store_model_in_db: "maybe"
+      alerting_treshold: 300
+    environment_variables:
+      GATE_TEST_BACKUP_KEY: sk-exported-backup-0a1b2c3d4e5f
+      LANGFUSE_SECRET_KEY: lf-secret-9f8e7d6c5b4a
+      "bad name": x
+    """
+)
+
+
+def test_check_validates_the_proxys_sections_and_says_the_router_reads_none(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GATE_TEST_OPENAI_KEY", "sk-gate-openai-1234567890")
+    monkeypatch.delenv("GATE_TEST_BACKUP_KEY", raising=False)
+    monkeypatch.delenv("GATE_TEST_MASTER_KEY", raising=False)
+    cfg = _write(tmp_path, CONFIG + PROXY)
+    secrets = (
+        "db-password-4e5f6a",
+        "sk-exported-backup-0a1b2c3d4e5f",
+        "lf-secret-9f8e7d6c5b4a",
+        "sk-gate-openai",
+    )
+    assert (
+        main(["check", str(cfg), "--no-secrets"]) == 0
+    )  # the proxy's sections never fail the router's check
+    out = capsys.readouterr().out
+    assert not any(s in out for s in secrets), out
+    warned = [line.split(None, 1)[1] for line in out.splitlines() if line.startswith("  warning")]
+    lines = {line.split(": ", 1)[0]: line for line in warned}
+    assert "did you mean 'drop_params'" in lines["litellm_settings.drop_parms"]
+    assert "expected a number" in lines["litellm_settings.request_timeout"]
+    assert "litellm_settings.num_retries" not in lines and "litellm_settings.success_callback" not in lines
+    assert "did you mean 'alerting_threshold'" in lines["general_settings.alerting_treshold"]
+    assert "boolean" in lines["general_settings.store_model_in_db"]
+    assert "GATE_TEST_MASTER_KEY is not set" in lines["general_settings.master_key"]
+    assert "not an environment variable name" in lines["environment_variables.bad name"]
+    # Set only for the proxy: the router would not see it.
+    assert "ResilientRouter does not apply that section" in lines["model_list[1].litellm_params.api_key"]
+    assert all("ResilientRouter does not" in line for line in lines.values()), lines
+    assert (
+        "[proxy] litellm_settings (4 keys), general_settings (4 keys), environment_variables (3 keys)" in out
+    )
+    assert "ResilientRouter reads none of their keys" in out
+    # The same in JSON; a section that is not a mapping is an error (the proxy cannot start).
+    assert main(["check", str(cfg), "--no-secrets", "--json"]) == 0
+    raw = capsys.readouterr().out
+    doc = json.loads(raw)
+    assert not any(s in raw for s in secrets)
+    assert doc["proxy_sections"]["general_settings"] == {"keys": 4, "read_by_router": []}
+    cfg = _write(tmp_path, CONFIG + "litellm_settings: [drop_params]\n")
+    assert main(["check", str(cfg), "--no-secrets"]) == 2
+    assert "litellm_settings: expected a mapping, got a list" in capsys.readouterr().err

@@ -43,6 +43,10 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("langchain/_runnable.py", "_acall_with_config"): "langchain-core's helper for Runnable subclasses",
     ("langchain/_runnable.py", "_transform_stream_with_config"): "langchain-core's Runnable helper",
     ("langchain/_runnable.py", "_atransform_stream_with_config"): "langchain-core's Runnable helper",
+    ("_engine/executor_wait.py", "_callbacks"): "asyncio.Future's callbacks: the one sign of a "
+    "future tied to an executor's (run_in_executor); no public accessor",
+    ("_engine/executor_wait.py", "_asyncio_future_blocking"): "asyncio's future protocol flag, set "
+    "by Future.__await__ before yielding (the stand-in is yielded the same way)",
     # LiteLLM's and the openai SDK's privates: only in the seam (tests/unit/test_litellm_seam.py)
     ("_litellm.py", "_shaping"): "litellm.Router's request shaping; no public accessor",
     ("_litellm.py", "_iterator"): "openai.AsyncStream's generator: is the stream unread?",
