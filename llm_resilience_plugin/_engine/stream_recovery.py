@@ -144,7 +144,6 @@ async def recover(
     else from scratch (streamed, or whole for ``recover_streams="answer"``). None: nowhere
     answered in time, and the report is published as ``failure``. A caller that leaves meanwhile
     gets it published as ``cancelled`` (:func:`cancelled`)."""
-    requested = call.report.requested_group
     if broken.picked is not None:
         call.avoid(broken.picked)  # go on somewhere else: this one just broke
     if _out_of_time(engine, call):

@@ -14,7 +14,6 @@ from llm_resilience_plugin.testing import Fault, ProviderSimulator
 from llm_resilience_plugin.testing._fault_spec import behavior_from_data
 from llm_resilience_plugin.testing._faults import PREFILL_REFUSAL
 
-
 ASK = [{"role": "user", "content": "tell me a story"}]
 PREFILL = [*ASK, {"role": "assistant", "content": "Hello from ", "prefix": True}]
 
