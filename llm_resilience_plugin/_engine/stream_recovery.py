@@ -218,6 +218,10 @@ async def recover_seamless(
         if nxt is not None:
             call.report.stream_restarts += 1
             return Recovered(None, nxt, "continue")
+    # a deployment that refused the prefill, now or at an earlier break of this call, may still
+    # answer from scratch (a replay must not go back to one whose replay differed)
+    differed = {b.deployment_id for b in call.report.stream_breaks if b.end == "diverged"}
+    refusers = (refusers | prefill_state.refused_in(engine, call)) - differed - {diverged}
     worth, model = replay_model(engine, call, kwargs, broken.picked, saw_tools)
     if worth and may_go_on():
         call.only_model = model
@@ -233,7 +237,6 @@ async def recover_seamless(
     answer = None
     if may_go_on():
         # a deployment whose replay differed is healthy: its own answer is a fine replacement
-        differed = {b.deployment_id for b in call.report.stream_breaks if b.end == "diverged"}
         healthy = refusers | frozenset(d for d in differed if d is not None)
         back = (healthy, last - healthy)
         answer = await _from_scratch(engine, call, messages, _unstreamed(kwargs), back, whole=True)
