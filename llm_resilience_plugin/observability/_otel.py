@@ -373,8 +373,9 @@ def _event_attributes(event: Event) -> tuple[str | None, dict[str, Any]]:
 class OtelMetrics:
     """Router-event subscriber that records GenAI client metrics and ``llm_resilience.*`` metrics
     (calls, attempts, retries, fallbacks, hedges sent and won, stream breaks by how they ended,
-    upstream requests per call, breaker state and transitions, time to first chunk; retry-budget tokens and cost-budget spend and
-    remaining as gauges read when collected) with low-cardinality attributes only (no call ids)."""
+    upstream requests per call, breaker state and transitions, time to first chunk; retry-budget
+    tokens and cost-budget spend and remaining as gauges read when collected) with
+    low-cardinality attributes only (no call ids)."""
 
     def __init__(
         self,

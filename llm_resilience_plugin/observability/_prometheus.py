@@ -2,11 +2,12 @@
 
 Calls by outcome and error class, attempts, retries, fallbacks, upstream requests per call,
 call duration, time to first token, tokens, breaker state per deployment (0 closed, 1 half-open,
-2 open), breaker transitions, hedges sent and won, stream breaks by how they ended, spend in dollars and each cost-guard budget's
-limit; read at scrape time: retry-budget tokens and capacity per group, and each cost budget's
-spent and remaining dollars in its current window. Labels stay low-cardinality: group,
-deployment, outcome, error class, budget (never a call id; a tenant only when asked). The metrics
-are registered once per ``CollectorRegistry`` and shared by every router instrumented into it.
+2 open), breaker transitions, hedges sent and won, stream breaks by how they ended, spend in
+dollars and each cost-guard budget's limit; read at scrape time: retry-budget tokens and capacity
+per group, and each cost budget's spent and remaining dollars in its current window. Labels stay
+low-cardinality: group, deployment, outcome, error class, budget (never a call id; a tenant only
+when asked). The metrics are registered once per ``CollectorRegistry`` and shared by every
+router instrumented into it.
 """
 
 from __future__ import annotations
