@@ -1,6 +1,7 @@
-"""A verified replay, sync and async, and a caller leaving while one is held back (its text not
-yet covering what the caller saw): the replay is closed, its connection dropped, its cost
-reservation settled, the call's report published once as cancelled, no task left behind."""
+"""Sync streams through a verified replay (chat, text completion, Responses; a tool call is never
+joined), and a caller leaving while a replay is held back (its text not yet covering what the
+caller saw), sync and async: the replay is closed, its connection dropped, its cost reservation
+settled, the call's report published once as cancelled, no task left behind."""
 
 from __future__ import annotations
 
@@ -193,3 +194,48 @@ def test_closing_a_sync_stream_from_another_thread_while_a_replay_is_held_back(s
     assert not reader.is_alive() and errors == []
     assert "".join(shown) == SHOWN
     _settled(sim, guard, router, seen)
+
+
+def test_sync_text_completion_and_responses_streams_are_replayed_and_verified(sim, routers) -> None:
+    from tests.integration.test_stream_seamless import _ops_router
+
+    text_router = _ops_router(sim, routers, "openai/gpt-3.5-turbo-instruct", {"mode": "completion"})
+    for dep in ("a", "b"):
+        sim.set_default(dep, Fault.ok(text=STORY))
+        sim.script(dep, cut(4, STORY))
+    stream = text_router.text_completion("g", "tell me a story", stream=True, **SAME)
+    assert "".join(c.choices[0].text or "" for c in stream if c.choices) == STORY
+    assert {b[0] for b in breaks(stream)} == {"replayed"}
+
+    sim.reset()
+    responses_router = _ops_router(sim, routers, "openai/gpt-4o-mini", {"mode": "responses"})
+    for dep in ("a", "b"):
+        sim.set_default(dep, Fault.ok(text=STORY))
+        sim.script(dep, cut(4, STORY))
+    rstream = responses_router.responses("g", "tell me a story", stream=True, **SAME)
+    events = list(rstream)
+    assert {b[0] for b in breaks(rstream)} == {"replayed"}
+    kinds = [str(getattr(e.type, "value", e.type)) for e in events]
+    assert (
+        "".join(e.delta for e, k in zip(events, kinds, strict=True) if k == "response.output_text.delta")
+        == STORY
+    )
+    assert kinds.count("response.created") == 1
+
+
+def test_a_sync_tool_call_stream_is_never_joined_with_another_answer(sim, routers) -> None:
+    from llm_resilience_plugin import StreamInterruptedError
+    from tests.integration.test_stream_seamless import TOOLS
+
+    router = make(sim, routers, {"primary": {"a": True}, "backup": {"b": True}})
+    sim.script("a", Fault.stream_cut(after_chunks=2))
+    ask = [{"role": "user", "content": "what is the weather in Paris"}]
+    stream = router.completion(model="primary", messages=ask, stream=True, tools=TOOLS, **SAME)
+    args = ""
+    with pytest.raises(StreamInterruptedError) as info:
+        for chunk in stream:
+            for call in chunk.choices[0].delta.tool_calls or []:
+                args += call.function.arguments or ""
+    whole = info.value.replacement.choices[0].message.tool_calls[0].function.arguments
+    assert args and whole.startswith("{") and whole.endswith("}") and whole != args
+    assert [r.stream for r in sim.requests("b")] == [False]  # asked whole, never continued
