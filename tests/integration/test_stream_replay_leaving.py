@@ -239,3 +239,31 @@ def test_a_sync_tool_call_stream_is_never_joined_with_another_answer(sim, router
     whole = info.value.replacement.choices[0].message.tool_calls[0].function.arguments
     assert args and whole.startswith("{") and whole.endswith("}") and whole != args
     assert [r.stream for r in sim.requests("b")] == [False]  # asked whole, never continued
+
+
+async def test_closing_the_stream_while_the_recovery_is_still_connecting(sim, routers) -> None:
+    # The walk to b is not interrupted: when b's stream arrives (its headers 0.8 s late), it is
+    # closed at once and the reader's loop ends; the call is published as cancelled.
+    guard = CostGuard([Budget.daily(1.0)])
+    router = make(sim, routers, {"primary": {"a": False}, "backup": {"b": False}}, guards=[guard])
+    sim.script("a", cut(4, STORY))
+    sim.set_default("b", Fault.ok(text=STORY, latency=0.8, chunk_delay=0.3))
+    seen: list[Any] = []
+    stream = await router.acompletion(
+        model="primary", messages=LONG, stream=True, listener=seen.append, **SAME
+    )
+    shown = ""
+
+    async def consume() -> None:
+        nonlocal shown
+        async for chunk in stream:
+            for choice in chunk.choices:
+                shown += choice.delta.content or ""
+
+    task = asyncio.create_task(consume())
+    await _async_until(lambda: sim.count("b") == 1)
+    await stream.aclose()
+    await asyncio.wait_for(task, 3.0)
+    assert shown == SHOWN
+    await asyncio.to_thread(_settled, sim, guard, router, seen)
+    assert _ours_pending() == []
