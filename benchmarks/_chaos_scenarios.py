@@ -192,6 +192,19 @@ def _sampling(make: Callable[[str], Behavior], draws: int) -> Callable[[Scriptab
     return inject
 
 
+def _refused(*refusers: str) -> Callable[[Scriptable, Target], None]:
+    """Inject: the primary's stream is cut after 40 words; ``refusers`` declare assistant prefill
+    but refuse it (a 400, as Anthropic's newer models answer a request ending in an assistant
+    message) and answer any other request healthily."""
+
+    def inject(sim: Scriptable, t: Target) -> None:
+        sim.set_default(t.dep("p-a"), _answering(Fault.stream_cut(after_chunks=40), t.answer("p-a")))
+        for name in refusers:
+            sim.set_default(t.dep(name), Fault.refuse_prefill(healthy(t.answer(name))))
+
+    return inject
+
+
 def _primary_incident(seconds: float, fault: Behavior) -> Callable[[Scriptable, Target], None]:
     """Inject: the primary ``p-a`` answers ``fault`` for ``seconds``, then healthy again."""
 
@@ -277,6 +290,30 @@ def scenarios(quick: bool = False) -> list[Scenario]:
             load=paced,
             same_model=True,
             request=DETERMINISTIC,
+        ),
+        Scenario(
+            "stream-cut-prefill-refused",
+            "stream-cut-same, but the fallback declares assistant prefill and refuses it (400: the "
+            "conversation must end with a user message)",
+            ONE_PRIMARY,
+            TO_FALLBACK,
+            _refused("f-a"),
+            consumers=STREAM_CALLERS,
+            load=paced,
+            prefill=frozenset({"f-a"}),
+            same_model=True,
+            request=DETERMINISTIC,
+        ),
+        Scenario(
+            "stream-cut-prefill-refused-next",
+            "stream-cut, the first fallback declares assistant prefill and refuses it, the second "
+            "takes it (sampling: no replay)",
+            {"primary": ["p-a"], "fallback": ["f-a"], "last": ["l-a"]},
+            [{"primary": ["fallback", "last"]}],
+            _refused("f-a"),
+            consumers=STREAM_CALLERS,
+            load=paced,
+            prefill=frozenset({"f-a", "l-a"}),
         ),
         Scenario(
             "stream-cut-diverge",

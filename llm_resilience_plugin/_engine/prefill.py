@@ -71,6 +71,17 @@ def refused_prefill(engine: Engine) -> frozenset[str]:
     return frozenset(_state(engine).refused)
 
 
+def refused_in(engine: Engine, call: CallState) -> frozenset[str]:
+    """The deployments that refused this call's prefill (a bad request on a deployment now known
+    to refuse one): healthy but for it, so still fit to answer the call from scratch."""
+    refused = _state(engine).refused
+    return frozenset(
+        a.deployment_id
+        for a in call.report.attempts
+        if a.outcome == "failure" and a.error_class is ErrorClass.BAD_REQUEST and a.deployment_id in refused
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class PrefillMark:
     """Where a call stood before a prefill walk: its failure and attempt counts, and the

@@ -144,7 +144,6 @@ async def recover(
     else from scratch (streamed, or whole for ``recover_streams="answer"``). None: nowhere
     answered in time, and the report is published as ``failure``. A caller that leaves meanwhile
     gets it published as ``cancelled`` (:func:`cancelled`)."""
-    requested = call.report.requested_group
     if broken.picked is not None:
         call.avoid(broken.picked)  # go on somewhere else: this one just broke
     if _out_of_time(engine, call):
@@ -156,10 +155,8 @@ async def recover(
         prefill = {"role": "assistant", "content": shown, "prefix": True}
         before = prefill_state.mark(call)
         call.require_prefill = True
-        try:
-            nxt = await walk_routes(engine, call, requested, [*messages, prefill], kwargs)
-        except Exception:
-            nxt = None  # refused or nowhere to continue: start over instead
+        try:  # None: refused everywhere or nowhere to continue: start over instead
+            nxt = await _continue_somewhere(engine, call, [*messages, prefill], kwargs, before)
         finally:
             call.require_prefill = False
         if nxt is not None:
@@ -172,7 +169,7 @@ async def recover(
             return None
     whole = call.opts.recover_streams == ANSWER
     result = await _from_scratch(
-        engine, call, messages, _unstreamed(kwargs) if whole else kwargs, refusers, whole
+        engine, call, messages, _unstreamed(kwargs) if whole else kwargs, (refusers,), whole
     )
     if result is None:
         give_up(engine, call, failure)
@@ -221,11 +218,17 @@ async def recover_seamless(
         if nxt is not None:
             call.report.stream_restarts += 1
             return Recovered(None, nxt, "continue")
+    # a deployment that refused the prefill, now or at an earlier break of this call, may still
+    # answer from scratch (a replay must not go back to one whose replay differed)
+    differed = {b.deployment_id for b in call.report.stream_breaks if b.end == "diverged"}
+    refusers = (refusers | prefill_state.refused_in(engine, call)) - differed - {diverged}
     worth, model = replay_model(engine, call, kwargs, broken.picked, saw_tools)
     if worth and may_go_on():
         call.only_model = model
         try:
-            nxt = await _from_scratch(engine, call, messages, kwargs, refusers | last, whole=False)
+            nxt = await _from_scratch(
+                engine, call, messages, kwargs, (refusers, last - refusers), whole=False
+            )
         finally:
             call.only_model = None
         if nxt is not None:
@@ -234,8 +237,8 @@ async def recover_seamless(
     answer = None
     if may_go_on():
         # a deployment whose replay differed is healthy: its own answer is a fine replacement
-        differed = {b.deployment_id for b in call.report.stream_breaks if b.end == "diverged"}
-        back = refusers | last | frozenset(d for d in differed if d is not None)
+        healthy = refusers | frozenset(d for d in differed if d is not None)
+        back = (healthy, last - healthy)
         answer = await _from_scratch(engine, call, messages, _unstreamed(kwargs), back, whole=True)
         if answer is not None:
             call.report.stream_restarts += 1
@@ -282,19 +285,35 @@ async def _prefill_walk(
                 if not back or _out_of_time(engine, call):
                     break
                 call.never_again = call.never_again - back
-            try:
-                nxt = await walk_routes(
-                    engine, call, call.report.requested_group, [*messages, prefill], kwargs
-                )
+            nxt = await _continue_somewhere(engine, call, [*messages, prefill], kwargs, before)
+            if nxt is not None:
                 break
-            except Exception:
-                nxt = None
     finally:
         call.require_prefill = False
     refusers = prefill_state.settle_refusals(engine, call, before) - before.never_again
     for dep in last:
         call.avoid(dep)  # a replay goes elsewhere first again
     return nxt, refusers
+
+
+async def _continue_somewhere(
+    engine: Engine,
+    call: CallState,
+    prefilled: list[dict[str, Any]],
+    kwargs: dict[str, Any],
+    before: prefill_state.PrefillMark,
+) -> Any:
+    """Walk the routes with the prefilled messages; a deployment that refuses the prefill (it
+    declared support, and answered 400) is no longer offered one, so the walk goes on to the
+    next route that takes it while there is time (None: none continued)."""
+    while True:
+        known = prefill_state.refused_prefill(engine)
+        try:
+            return await walk_routes(engine, call, call.report.requested_group, prefilled, kwargs)
+        except Exception:
+            newly = prefill_state.settle_refusals(engine, call, before) - known
+            if not newly or _out_of_time(engine, call):
+                return None
 
 
 def cancelled(engine: Engine, call: CallState) -> None:
@@ -321,14 +340,17 @@ async def _from_scratch(
     call: CallState,
     messages: list[dict[str, Any]],
     kwargs: dict[str, Any],
-    refusers: frozenset[str],
+    later: tuple[frozenset[str], ...],
     whole: bool,
 ) -> Any:
     """The caller's own request again on a remaining route (None: nowhere answered). The
-    deployments in ``refusers`` (that just refused a prefill; seamless: also those that broke)
-    go last: elsewhere first, then them. ``whole``: not streamed."""
-    for dep in refusers:
-        call.avoid(dep)
+    deployments in ``later`` go last, tier by tier: elsewhere first, then the first tier (those
+    that just refused a prefill: healthy but for it), then the next (seamless: those that broke).
+    ``whole``: not streamed."""
+    tiers = [tier for tier in later if tier]
+    for tier in tiers:
+        for dep in tier:
+            call.avoid(dep)
     requested = call.report.requested_group
     call.tentative = True  # a walk that fails does not end the call: give_up publishes once
     call.stream = not whole
@@ -336,13 +358,16 @@ async def _from_scratch(
         try:
             return await walk_routes(engine, call, requested, messages, kwargs)
         except Exception:
-            if not refusers or _out_of_time(engine, call):
+            pass
+        for tier in tiers:
+            if _out_of_time(engine, call):
                 return None
-        call.never_again = call.never_again - refusers  # healthy but for the prefill: last resort
-        try:
-            return await walk_routes(engine, call, requested, messages, kwargs)
-        except Exception:
-            return None
+            call.never_again = call.never_again - tier  # allowed back: a last resort
+            try:
+                return await walk_routes(engine, call, requested, messages, kwargs)
+            except Exception:
+                continue
+        return None
     finally:
         call.tentative = False
         call.stream = True

@@ -372,9 +372,10 @@ def _event_attributes(event: Event) -> tuple[str | None, dict[str, Any]]:
 
 class OtelMetrics:
     """Router-event subscriber that records GenAI client metrics and ``llm_resilience.*`` metrics
-    (calls, attempts, retries, fallbacks, hedges sent and won, upstream requests per call, breaker
-    state and transitions, time to first chunk; retry-budget tokens and cost-budget spend and
-    remaining as gauges read when collected) with low-cardinality attributes only (no call ids)."""
+    (calls, attempts, retries, fallbacks, hedges sent and won, stream breaks by how they ended,
+    upstream requests per call, breaker state and transitions, time to first chunk; retry-budget
+    tokens and cost-budget spend and remaining as gauges read when collected) with
+    low-cardinality attributes only (no call ids)."""
 
     def __init__(
         self,
@@ -438,6 +439,12 @@ class OtelMetrics:
         self.hedges_won = m.create_counter(
             f"{sc.NS}.hedges.won", unit="{hedge}", description="Hedged calls answered by the hedge"
         )
+        self.stream_breaks = m.create_counter(
+            f"{sc.NS}.stream_breaks",
+            unit="{break}",
+            description="Streams broken after content, by how the break ended "
+            "(continued, replayed, diverged, given_up)",
+        )
         self._observed = observe(self.provider, m, router, scope_values=scope_values)
         for dep_id, snap in router.breakers().items():
             self.breaker_state.set(
@@ -487,6 +494,18 @@ class OtelMetrics:
                     f"{sc.NS}.model_group": event.model_group,
                     f"{sc.NS}.deployment_id": event.deployment_id,
                     f"{sc.NS}.priority": event.priority or "",
+                },
+            )
+        elif isinstance(event, StreamBreak):
+            self.stream_breaks.add(
+                1,
+                {
+                    f"{sc.NS}.model_group": event.model_group,
+                    f"{sc.NS}.deployment_id": self._dep_ids(event.broken_deployment)
+                    if event.broken_deployment
+                    else "",
+                    f"{sc.NS}.stream_break.end": event.end,
+                    f"{sc.NS}.error_class": str(event.error_class),
                 },
             )
         elif isinstance(event, BreakerTransition):

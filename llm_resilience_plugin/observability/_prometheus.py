@@ -2,11 +2,12 @@
 
 Calls by outcome and error class, attempts, retries, fallbacks, upstream requests per call,
 call duration, time to first token, tokens, breaker state per deployment (0 closed, 1 half-open,
-2 open), breaker transitions, hedges sent and won, spend in dollars and each cost-guard budget's
-limit; read at scrape time: retry-budget tokens and capacity per group, and each cost budget's
-spent and remaining dollars in its current window. Labels stay low-cardinality: group,
-deployment, outcome, error class, budget (never a call id; a tenant only when asked). The metrics
-are registered once per ``CollectorRegistry`` and shared by every router instrumented into it.
+2 open), breaker transitions, hedges sent and won, stream breaks by how they ended, spend in
+dollars and each cost-guard budget's limit; read at scrape time: retry-budget tokens and capacity
+per group, and each cost budget's spent and remaining dollars in its current window. Labels stay
+low-cardinality: group, deployment, outcome, error class, budget (never a call id; a tenant only
+when asked). The metrics are registered once per ``CollectorRegistry`` and shared by every
+router instrumented into it.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from llm_resilience_plugin.events import (
     HedgeSent,
     Paced,
     RetryScheduled,
+    StreamBreak,
 )
 from llm_resilience_plugin.observability import _semconv as sc
 from llm_resilience_plugin.observability._gauges import budget_rows, hedge_won, pace_rows, retry_budget_rows
@@ -59,6 +61,7 @@ class PrometheusMetrics:
     budget_limit: Gauge
     hedges: Counter
     hedges_won: Counter
+    stream_breaks: Counter
     pacing_wait: Histogram
     scraped: ScrapedGauges
 
@@ -117,6 +120,12 @@ class PrometheusMetrics:
             ),
             hedges=counter("hedges", "Hedge requests sent", ("group",)),
             hedges_won=counter("hedges_won", "Hedged calls answered by the hedge", ("group",)),
+            stream_breaks=counter(
+                "stream_breaks",
+                "Streams broken after content, by how the break ended (continued, replayed, "
+                "diverged, given_up)",
+                ("group", "deployment", "end", "error_class"),
+            ),
             pacing_wait=histogram(
                 "pacing_wait_seconds",
                 "Time an attempt waited for a rate-limit slot, by deployment and priority tier",
@@ -263,6 +272,10 @@ class PrometheusRecorder:
                 m.hedges_won.labels(won).inc()
         elif isinstance(event, HedgeSent):
             m.hedges.labels(event.model_group).inc()
+        elif isinstance(event, StreamBreak):
+            m.stream_breaks.labels(
+                event.model_group, event.broken_deployment or "", event.end, str(event.error_class)
+            ).inc()
         elif isinstance(event, Paced):
             m.pacing_wait.labels(event.model_group, event.deployment_id, event.priority or "").observe(
                 event.waited_s

@@ -164,6 +164,8 @@ class ResilientStream:
         self._saw_tools = False
         self._failure: Failure | None = None  # the break being recovered (seamless: moving on)
         self._on_end: Callable[[ResilientStream], None] | None = None  # records a recovery
+        self._held: ResilientStream | StaticStream | None = None  # a replay held back, unverified
+        self._left = False  # the caller closed the stream (maybe from another task or thread)
         self.cost: float | None = None  # this attempt's own cost, as its chunks report it
         self.report = live.report
         self.report.ttft_s = live.ttft
@@ -324,19 +326,30 @@ class ResilientStream:
             )
             if isinstance(nxt, ResilientStream):  # what its own recovery would need
                 nxt._messages, nxt._shown_before = messages, delivered if continued else ""
+            if self._left:  # closed while the call went on elsewhere: nothing more is read
+                await nxt.aclose()  # the report says cancelled
+                return
             it = nxt.__aiter__()
             if continued:
                 rest: list[Any] = []
             else:
+                self._held = nxt  # what aclose() must close while it is held back
                 try:
                     rest, same = await self._verify(it, delivered)
                 except StreamInterruptedError as err:  # the replay broke too, with no way left
+                    if self._left:  # ... because the caller closed it: the loop just ends
+                        return
                     raise StreamInterruptedError(
                         str(err), delivered, err.cause, self.report, err.replacement
                     ) from err.cause
                 except (GeneratorExit, asyncio.CancelledError):  # the caller left meanwhile
                     await nxt.aclose()  # the report says cancelled
                     raise
+                finally:
+                    self._held = None
+                if self._left:
+                    await nxt.aclose()
+                    return
                 if not same:
                     live.record_break(dataclasses.replace(brk, end="diverged"))
                     await nxt.discard()
@@ -358,6 +371,8 @@ class ResilientStream:
                 yield chunk
             async for chunk in it:
                 yield chunk
+            return
+        if self._left:  # closed while the call went on elsewhere
             return
         replacement = None if recovered is None else recovered.result
         attached = "; a replacement answer is attached (.replacement)" if replacement is not None else ""
@@ -497,10 +512,13 @@ class ResilientStream:
                 pass
 
     async def aclose(self) -> None:
-        """Stop early (the deployment's breaker counts neither success nor failure)."""
+        """Stop early (the deployment's breaker counts neither success nor failure); a replay
+        being held back is closed too, and a reader waiting on it ends its loop."""
+        self._left = True
         self._close_cancelled()
-        if self._next is not None:
-            await self._next.aclose()
+        for nxt in (self._next, self._held):
+            if nxt is not None:
+                await nxt.aclose()
         await self._close_source()
         if self.watch is not None:
             self.watch.end()

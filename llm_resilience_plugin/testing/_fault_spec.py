@@ -34,6 +34,7 @@ FaultKind = Literal[
     "malformed_chunk",
     "no_done",
     "flaky",
+    "refuse_prefill",
 ]
 
 # The arguments each kind accepts (besides ``kind``): those of its Fault constructor.
@@ -56,6 +57,7 @@ FAULT_KINDS: dict[str, frozenset[str]] = {
     "malformed_chunk": frozenset({"after_chunks", "content", "repeat"}),
     "no_done": frozenset(),
     "flaky": frozenset({"p", "fault", "seed"}),
+    "refuse_prefill": frozenset({"fault", "message"}),
 }
 
 _QUOTA_MESSAGE = (
@@ -112,6 +114,9 @@ class FaultSpec(BaseModel):
         if kind == "flaky":
             assert self.fault is not None and self.p is not None
             return Fault.flaky(self.p, self.fault.behavior(), seed=self.seed)
+        if kind == "refuse_prefill":
+            inner = self.fault.behavior() if self.fault is not None else None
+            return Fault.refuse_prefill(inner, message=self.message)
         if kind == "quota":
             return Fault.http_error(
                 429,

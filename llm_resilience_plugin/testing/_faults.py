@@ -6,18 +6,29 @@ Also the argument checks the server's scripting methods share, and the default e
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 __all__ = [
     "OK",
+    "PREFILL_REFUSAL",
     "Behavior",
     "Fault",
     "check_count",
     "check_seconds",
     "default_message",
+    "prefilled",
+    "resolve",
 ]
 
 _DEFAULT_CONTEXT_LIMIT = 8192
+
+PREFILL_REFUSAL = (
+    "This model does not support assistant message prefill. The conversation must end with a user message."
+)
+"""What ``refuse_prefill`` answers by default: the 400 ``invalid_request_error`` Anthropic's newer
+models send (and OpenAI-compatible proxies in front of them pass on) for a request ending in an
+assistant message."""
 
 
 @dataclass(frozen=True)
@@ -260,6 +271,18 @@ class Fault:
         return Behavior(kind="no_done")
 
     @staticmethod
+    def refuse_prefill(fault: Behavior | None = None, message: str | None = None) -> Behavior:
+        """A model that takes no assistant prefill: a request whose last message is the assistant's
+        (``{"role": "assistant", ...}``, with or without ``"prefix": true``) gets a 400
+        ``invalid_request_error`` saying so (``message``, default :data:`PREFILL_REFUSAL`);
+        any other request gets ``fault`` (default ``ok``)."""
+        if fault is not None and not isinstance(fault, Behavior):
+            raise ValueError(f"fault must be a Behavior or None, got {fault!r}")
+        if message is not None and (not isinstance(message, str) or not message):
+            raise ValueError(f"message must be a non-empty str or None, got {message!r}")
+        return Behavior(kind="refuse_prefill", fault=fault, message=message)
+
+    @staticmethod
     def flaky(p: float, fault: Behavior, seed: int | None = None) -> Behavior:
         """Apply ``fault`` with probability ``p`` (deterministic per-deployment RNG), else ok."""
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
@@ -273,6 +296,37 @@ class Fault:
 
 OK = Fault.ok()
 """The plain success every deployment starts with (and what ``flaky`` applies when it does not fire)."""
+
+
+def prefilled(body: object) -> bool:
+    """Does a request ``body`` end in an assistant message (chat or Anthropic ``messages``, a
+    Responses ``input`` list)?"""
+    if not isinstance(body, dict):
+        return False
+    for key in ("messages", "input"):
+        items = body.get(key)
+        if isinstance(items, list) and items:
+            last = items[-1]
+            return isinstance(last, dict) and last.get("role") == "assistant"
+    return False
+
+
+def resolve(behavior: Behavior, body: object, draw: Callable[[Behavior], float]) -> tuple[Behavior, str]:
+    """The behaviour a wrapper (``flaky``, ``refuse_prefill``) applies to one request ``body``,
+    and the name it is logged as; ``draw`` gives a flaky wrapper's next random number."""
+    names: list[str] = []
+    while behavior.fault is not None or behavior.kind == "refuse_prefill":
+        if behavior.kind == "flaky" and behavior.fault is not None:
+            names.append("flaky:")
+            behavior = behavior.fault if draw(behavior) < behavior.p else OK
+        elif behavior.kind == "refuse_prefill":
+            if prefilled(body):
+                refusal = Fault.http_error(400, message=behavior.message or PREFILL_REFUSAL)
+                return refusal, "".join(names) + "prefill_refused"
+            behavior = behavior.fault or OK
+        else:
+            break
+    return behavior, "".join(names) + behavior.name
 
 
 def default_message(status: int) -> str:

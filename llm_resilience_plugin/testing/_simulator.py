@@ -108,6 +108,13 @@ Fault kinds (constructors on :class:`Fault`, all returning a frozen :class:`Beha
 ``flaky(p, fault, seed=None)``
     With probability ``p`` apply ``fault``, else ``ok``.  Draws come from a per-deployment RNG
     seeded with ``seed`` (or a stable hash of the deployment name), so runs are repeatable.
+``refuse_prefill(fault=None, message=None)``
+    A model that takes no assistant prefill: a request whose last message is the assistant's
+    (chat or Anthropic ``messages``, a Responses ``input`` list; with or without ``"prefix":
+    true``) gets a 400 ``invalid_request_error`` with Anthropic's wording, "This model does not
+    support assistant message prefill. The conversation must end with a user message." (or
+    ``message``); any other request gets ``fault`` (default ``ok``), so it composes with the
+    others (``refuse_prefill(stream_cut(3))``).
 
 ``after_chunks`` counts content chunks (the first of which also carries ``role``); a value
 beyond the reply length applies the fault after the last content chunk.  Invalid arguments
@@ -117,6 +124,7 @@ beyond the reply length applies the fault after the last content chunk.  Invalid
 ``RequestRecord.behavior`` names what was applied: ``"ok"``, ``"http_error:<status>"``,
 ``"reset"``, ``"silence"``, ``"stream_cut"``, ``"stream_stall"``, ``"malformed_chunk"``,
 ``"no_done"``, ``"flaky:<applied>"`` (``<applied>`` is the inner fault's name or ``"ok"``),
+``"prefill_refused"`` (a ``refuse_prefill`` that refused; one that did not logs its ``fault``),
 ``"outage:<name>"``, ``"token_bucket:429"``, ``"context_window"`` or ``"bad_request"``.
 
 Replies

@@ -14,7 +14,14 @@ import zlib
 from collections import deque
 from dataclasses import dataclass, field
 
-from llm_resilience_plugin.testing._faults import OK, Behavior, Fault, check_count, check_seconds
+from llm_resilience_plugin.testing._faults import (
+    OK,
+    Behavior,
+    Fault,
+    check_count,
+    check_seconds,
+    resolve,
+)
 from llm_resilience_plugin.testing._messages import JSONDict
 
 __all__ = ["MutableRecord", "RequestRecord", "SimulatorState", "check_deployment"]
@@ -349,14 +356,13 @@ class SimulatorState:
             behavior = state.queue.popleft()
         else:
             behavior = state.default
-        names: list[str] = []
-        while behavior.kind == "flaky" and behavior.fault is not None:
-            rng = state.rngs.get(behavior)
+
+        def draw(flaky: Behavior) -> float:
+            rng = state.rngs.get(flaky)
             if rng is None:
-                seed = behavior.seed
-                if seed is None:
-                    seed = zlib.crc32(deployment.encode())
-                rng = state.rngs[behavior] = random.Random(seed)
-            names.append("flaky:")
-            behavior = behavior.fault if rng.random() < behavior.p else OK
-        return behavior, prefix + "".join(names) + behavior.name
+                seed = flaky.seed if flaky.seed is not None else zlib.crc32(deployment.encode())
+                rng = state.rngs[flaky] = random.Random(seed)
+            return rng.random()
+
+        behavior, name = resolve(behavior, body, draw)
+        return behavior, prefix + name
