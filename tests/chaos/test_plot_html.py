@@ -123,6 +123,11 @@ def test_advice_does_not_call_answering_more_calls_a_loss() -> None:
     paced = replace(_metrics(40, 1.0, 9.0, upstream=1.4), paced_share=0.6)
     (line,) = behind("x", paced, _metrics(40, 1.0, 6.0, upstream=1.8), min_sample=20)
     assert "held 60% of the calls back" in line and "rpm/tpm in litellm_params" in line
+    # The plain Router answered from the fallback while the plugin waited on the group asked for.
+    fled = replace(_metrics(40, 1.0, 0.2, upstream=1.2), fallback_share=0.8)
+    lines = behind("x", replace(paced, upstream_per_call=1.35), fled, min_sample=20)
+    assert "answered 80% of them from the fallback" in lines[0] and "max_wait_with_fallback" in lines[0]
+    assert "finding the provider's limit" in lines[1]
     # Spend is compared per answered call: answering more calls at the same price is no loss.
     more = replace(_metrics(40, 1.0, 0.4), spend=0.0002)
     assert behind("x", more, replace(_metrics(40, 0.7, 0.4), spend=0.00014), min_sample=20) == []

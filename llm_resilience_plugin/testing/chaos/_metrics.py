@@ -48,6 +48,8 @@ class Metrics:
     served: dict[str, int]
     paced_share: float = 0.0
     """The share of calls the plugin held back for a deployment's rate limit (queued)."""
+    fallback_share: float = 0.0
+    """The share of answered calls served outside the group they asked for."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for the JSON report."""
@@ -139,10 +141,12 @@ def measure(run: RunResult, spec: RouterSpec) -> Metrics:
     served = served_by(run)
     spend = 0.0
     by_dep: Counter[str] = Counter()
+    elsewhere = 0
     for c in calls:
         dep = served.get(c.tag)
         if c.ok and dep is not None:
             by_dep[dep.id] += 1
+            elsewhere += dep.group != run.target.primary
             spend += _price(dep, c.prompt_tokens, c.completion_tokens)
     recover, observed = _recovery(run)
     return Metrics(
@@ -158,6 +162,7 @@ def measure(run: RunResult, spec: RouterSpec) -> Metrics:
         errors=dict(Counter(c.error or "?" for c in calls if not c.ok)),
         served=dict(by_dep),
         paced_share=sum(1 for c in calls if c.queued > 0.01) / max(1, len(calls)),
+        fallback_share=elsewhere / max(1, sum(by_dep.values())),
     )
 
 
@@ -233,14 +238,8 @@ def behind(scenario: str, plugin: Metrics, plain: Metrics, *, min_sample: int) -
                 "at the waits (for capacity, a retry, a fallback) that answered them; a shorter "
                 "resilience.deadline trades those answers for latency"
             )
-        elif plugin.paced_share > 0 and plugin.upstream_per_call <= plain.upstream_per_call:
-            out.append(
-                f"{scenario}: {gap}: the plugin held {plugin.paced_share:.0%} of the calls back to the "
-                f"provider's rate limit instead of sending them into 429s (upstream requests per call "
-                f"{plugin.upstream_per_call:.2f} vs {plain.upstream_per_call:.2f}); with the "
-                "deployment's rpm/tpm in litellm_params it paces at the stated limit from the first "
-                "call, else at one it learns from the 429s"
-            )
+        elif plugin.paced_share > 0:
+            out.append(f"{scenario}: {gap}: {_paced_why(plugin, plain)}")
         elif small:
             out.append(
                 f"{scenario}: {gap} on {min(plugin.calls, plain.calls)} calls is inconclusive "
@@ -255,10 +254,16 @@ def behind(scenario: str, plugin: Metrics, plain: Metrics, *, min_sample: int) -
         plugin.upstream_per_call > 1.1 * plain.upstream_per_call
         and plugin.upstream_per_call - (plain.upstream_per_call) > 0.1
     ):
+        why = (
+            "the plugin met 429s finding the provider's limit (its first window is 32 requests, "
+            "then the limit it learns); the deployment's rpm/tpm in litellm_params pace at the "
+            "stated limit from the first call"
+            if plugin.paced_share > 0
+            else "retries cost requests; lower the class's max_retries or retry_budget.capacity"
+        )
         out.append(
             f"{lead} upstream requests per call ({plugin.upstream_per_call:.2f} vs "
-            f"{plain.upstream_per_call:.2f}): retries cost requests; lower the class's max_retries "
-            "or retry_budget.capacity"
+            f"{plain.upstream_per_call:.2f}): {why}"
         )
     if plugin.to_dead_route > max(plain.to_dead_route * 1.2, plain.to_dead_route + 2):
         out.append(
@@ -274,3 +279,22 @@ def behind(scenario: str, plugin: Metrics, plain: Metrics, *, min_sample: int) -
             "answered by a pricier fallback; order the fallbacks by price, or let the breaker reset sooner"
         )
     return out
+
+
+def _paced_why(plugin: Metrics, plain: Metrics) -> str:
+    """Why calls held back for a rate limit are slower than the plain Router's, and what moves it."""
+    held = (
+        f"the plugin held {plugin.paced_share:.0%} of the calls back to the provider's rate limit "
+        "instead of sending them into 429s"
+    )
+    if plain.fallback_share > plugin.fallback_share:
+        return (
+            f"{held}, on the group they asked for; the plain Router answered "
+            f"{plain.fallback_share:.0%} of them from the fallback ({plugin.fallback_share:.0%} for the "
+            "plugin). A wait up to backoff.max_wait_with_fallback (3 s) is taken before a fallback: "
+            "lower it to fail over sooner"
+        )
+    return (
+        f"{held}; with the deployment's rpm/tpm in litellm_params it paces at the stated limit from "
+        "the first call, else at one it learns from the 429s"
+    )
