@@ -35,6 +35,8 @@ LEARN_WINDOW = 1.0
 SLOW_START_WINDOW = 32
 SLOW_START_DOUBLING = 2.0
 SLOW_START_OPEN = 1024
+# A learned pace lets this many seconds' worth of requests go at once.
+LEARNED_BURST_S = 0.2
 # A first pace counted from fewer accepted requests than this is a guess (see ``probing``).
 PROBE_BELOW = 3
 # A learned limit is dropped after this long without a 429 and without the pace binding.
@@ -171,11 +173,16 @@ class PaceLearning:
             return
         start = at - LEARN_WINDOW
         accepted = sum(1 for t, refused in self.sends if start <= t <= at and not refused)
-        lim.requests_per_s = max(1.0 / 60.0, accepted / hold) if accepted else 1.0 / hold
+        # At the headroom a stated limit gets: a pace at exactly the rate it accepted meets a 429
+        # on every jitter, and each would lower it by a third.
+        first = max(1.0 / 60.0, accepted / hold) if accepted else 1.0 / hold
+        lim.requests_per_s = first * self.headroom
         # What it accepted is as high as it is known to go - unless it accepted too little to say.
         self.probing = accepted < PROBE_BELOW
         self.rate_at_429 = math.inf if self.probing else lim.requests_per_s
-        lim.request_burst = max(1.0, min(float(accepted), lim.requests_per_s))
+        # The provider's burst is not known (the count may include calls from before its limit
+        # bit): send evenly, a fifth of a second's worth at most at once, not a second's.
+        lim.request_burst = max(1.0, min(float(accepted), LEARNED_BURST_S * lim.requests_per_s))
         self._level = lim.request_burst  # the provider refilled while it held us off
         self._learned_from, self._learned_at = pending, now
         self._updated = now
