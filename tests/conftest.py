@@ -33,6 +33,22 @@ def sim(sim_server: ProviderSimulator) -> Iterator[ProviderSimulator]:
     sim_server.reset()
 
 
+@pytest.fixture(autouse=True)
+def _model_modes_kept() -> Iterator[None]:
+    """Each test starts from LiteLLM's own model modes: LiteLLM 1.105-1.108 write a deployment's
+    ``model_info.mode`` into the process-wide model map under the model's name, so one router
+    with a ``mode: responses`` deployment of ``gpt-4o-mini`` sends every later ``gpt-4o-mini``
+    chat call in the process through the Responses API."""
+    import litellm
+
+    modes = {k: v.get("mode") for k, v in litellm.model_cost.items() if isinstance(v, dict)}
+    yield
+    for key, mode in modes.items():
+        entry = litellm.model_cost.get(key)
+        if isinstance(entry, dict) and entry.get("mode") != mode:
+            entry["mode"] = mode
+
+
 def requires_capability(name: str) -> pytest.MarkDecorator:
     """Skip, naming the capability and the LiteLLM version, where this LiteLLM lacks ``name``."""
     from llm_resilience_plugin import _litellm
