@@ -34,19 +34,20 @@ def sim(sim_server: ProviderSimulator) -> Iterator[ProviderSimulator]:
 
 
 @pytest.fixture(autouse=True)
-def _model_modes_kept() -> Iterator[None]:
-    """Each test starts from LiteLLM's own model modes: LiteLLM 1.105-1.108 write a deployment's
-    ``model_info.mode`` into the process-wide model map under the model's name, so one router
-    with a ``mode: responses`` deployment of ``gpt-4o-mini`` sends every later ``gpt-4o-mini``
-    chat call in the process through the Responses API."""
+def _model_map_kept() -> Iterator[None]:
+    """Each test starts from LiteLLM's own model map: LiteLLM 1.105-1.108 write a deployment's
+    ``model_info`` (``mode``, ``supports_assistant_prefill``, ...) into the process-wide map under
+    the model's name, so one router with a ``mode: responses`` deployment of ``gpt-4o-mini`` sends
+    every later ``gpt-4o-mini`` chat call in the process through the Responses API."""
     import litellm
 
-    modes = {k: v.get("mode") for k, v in litellm.model_cost.items() if isinstance(v, dict)}
+    kept = {k: v.copy() for k, v in litellm.model_cost.items() if isinstance(v, dict)}
     yield
-    for key, mode in modes.items():
-        entry = litellm.model_cost.get(key)
-        if isinstance(entry, dict) and entry.get("mode") != mode:
-            entry["mode"] = mode
+    for key, entry in litellm.model_cost.items():
+        before = kept.get(key)
+        if before is not None and isinstance(entry, dict) and entry != before:
+            entry.clear()
+            entry.update(before)
 
 
 def requires_capability(name: str) -> pytest.MarkDecorator:
