@@ -23,9 +23,9 @@ from llm_resilience_plugin import _env  # noqa: F401  (must run before litellm i
 
 # The LiteLLM versions the plugin supports (pyproject.toml says the same; 1.82.7 and 1.82.8 were
 # compromised releases, kept out by the floor).
-FLOOR = (1, 105, 0)
+FLOOR = (1, 109, 3)
 CEILING = (2, 0, 0)
-SUPPORTED = ">=1.105.0,<2"
+SUPPORTED = ">=1.109.3,<2"
 # Direct dispatch reproduces the Router's attempt with LiteLLM's own internal functions; it is on
 # only for the minor releases whose equivalence suite passed (tests/integration/test_direct_*.py).
 DIRECT_VERIFIED = ((1, 110),)

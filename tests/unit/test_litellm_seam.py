@@ -150,12 +150,12 @@ def test_capabilities_are_named_and_detected_once() -> None:
 
 
 def test_a_litellm_outside_the_range_is_an_import_error_naming_it() -> None:
-    for outside in ("1.104.9", "1.103.11", "1.82.8", "0.1.824", "2.0.0"):
+    for outside in ("1.109.2", "1.108.14", "1.105.7", "1.82.8", "0.1.824", "2.0.0"):
         with pytest.raises(
-            ImportError, match=r"litellm>=1\.105\.0,<2.*litellm " + outside.replace(".", r"\.")
+            ImportError, match=r"litellm>=1\.109\.3,<2.*litellm " + outside.replace(".", r"\.")
         ):
             _litellm.check_supported(outside)
-    for inside in ("1.105.0", "1.105.7", "1.108.14", "1.109.3", "1.110.2", "1.199.0rc1"):
+    for inside in ("1.109.3", "1.110.2", "1.199.0rc1"):
         _litellm.check_supported(inside)
 
 
