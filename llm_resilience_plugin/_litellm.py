@@ -396,6 +396,12 @@ def hidden_params_of(obj: Any) -> dict[str, Any] | None:
     return hidden if type(hidden) is dict or isinstance(hidden, dict) else None
 
 
+def set_hidden_params(obj: Any, params: dict[str, Any]) -> None:
+    """Give a response LiteLLM's ``_hidden_params`` (LiteLLM 1.105-1.108 have no public
+    ``hidden_params`` setter, and its constructor's ``hidden_params`` is lost to pydantic)."""
+    obj._hidden_params = params
+
+
 def sdk_stream_decoder(stream: Any) -> Any:
     """The SSE decoder of an unread ``openai.AsyncStream`` (None if not one, or already read)."""
     stream_type = internals().async_stream
@@ -457,6 +463,7 @@ __all__ = [
     "router_health",
     "sdk_stream_decoder",
     "sdk_stream_generator",
+    "set_hidden_params",
     "set_sdk_stream_decoder",
     "shaping_of",
     "slot_key",

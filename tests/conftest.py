@@ -33,6 +33,36 @@ def sim(sim_server: ProviderSimulator) -> Iterator[ProviderSimulator]:
     sim_server.reset()
 
 
+def _litellm_before(minor: int) -> bool:
+    from importlib.metadata import version
+
+    parts = version("litellm").split(".")
+    return len(parts) > 1 and parts[0] == "1" and parts[1].isdigit() and int(parts[1]) < minor
+
+
+_MAP_WRITTEN_IN_PLACE = _litellm_before(109)
+
+
+@pytest.fixture(autouse=True)
+def _model_map_kept() -> Iterator[None]:
+    """Each test starts from LiteLLM's own model map: LiteLLM 1.105-1.108 write a deployment's
+    ``model_info`` (``mode``, ``supports_assistant_prefill``, ...) into the process-wide map under
+    the model's name, so one router with a ``mode: responses`` deployment of ``gpt-4o-mini`` sends
+    every later ``gpt-4o-mini`` chat call in the process through the Responses API."""
+    import litellm
+
+    if not _MAP_WRITTEN_IN_PLACE:  # from 1.109 a deployment's model_info stays out of them
+        yield
+        return
+    kept = {k: v.copy() for k, v in litellm.model_cost.items() if isinstance(v, dict)}
+    yield
+    for key, entry in litellm.model_cost.items():
+        before = kept.get(key)
+        if before is not None and isinstance(entry, dict) and entry != before:
+            entry.clear()
+            entry.update(before)
+
+
 def requires_capability(name: str) -> pytest.MarkDecorator:
     """Skip, naming the capability and the LiteLLM version, where this LiteLLM lacks ``name``."""
     from llm_resilience_plugin import _litellm

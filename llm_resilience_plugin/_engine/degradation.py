@@ -6,6 +6,7 @@ import re
 import time
 from typing import Any
 
+from llm_resilience_plugin._litellm import set_hidden_params
 from llm_resilience_plugin.policy import LevelDegradation
 
 _LIMIT_RE = re.compile(r"(?:maximum context length|context window|limit) (?:is|of) (\d[\d,]*) tokens", re.I)
@@ -106,5 +107,5 @@ def static_response(text: str, group: str, scenario: str, messages: list[dict[st
         ],
         usage={"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
     )
-    resp.hidden_params = {"degraded": "static_answer", "scenario": scenario, "model_group": group}
+    set_hidden_params(resp, {"degraded": "static_answer", "scenario": scenario, "model_group": group})
     return resp

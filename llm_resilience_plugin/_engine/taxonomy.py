@@ -102,6 +102,11 @@ def _status_of(exc: BaseException) -> int | None:
     status = getattr(exc, "status_code", None)
     if status is None:
         status = getattr(getattr(exc, "response", None), "status_code", None)
+    if status is None:
+        from litellm.types.router import RouterRateLimitError
+
+        if isinstance(exc, RouterRateLimitError):
+            status = 429  # LiteLLM's "no deployment available": 429 from 1.110, unset before
     try:
         return int(status) if status is not None else None
     except (TypeError, ValueError):

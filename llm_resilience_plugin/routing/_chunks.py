@@ -98,5 +98,23 @@ def chunk_model(chunk: Any) -> str | None:
 
 
 def is_usage_only(chunk: Any) -> bool:
-    """The usage-only last chunk of a chat or text stream (``choices == []``)."""
-    return _event_type(chunk) is None and not getattr(chunk, "choices", None)
+    """The usage-only last chunk of a chat or text stream: ``choices == []``, or (LiteLLM 1.105
+    to 1.108) one choice with an empty delta and no finish reason beside the usage."""
+    if _event_type(chunk) is not None:
+        return False
+    choices = getattr(chunk, "choices", None)
+    if not choices:
+        return True
+    return usage_of(chunk) is not None and all(_empty_choice(c) for c in choices)
+
+
+_DELTA_FIELDS = ("content", "tool_calls", "function_call", "audio", "reasoning_content", "thinking_blocks")
+
+
+def _empty_choice(choice: Any) -> bool:
+    if getattr(choice, "finish_reason", None) is not None:
+        return False
+    delta = getattr(choice, "delta", None)
+    if delta is None:
+        return getattr(choice, "text", None) in (None, "")
+    return all(getattr(delta, f, None) in (None, "", []) for f in _DELTA_FIELDS)

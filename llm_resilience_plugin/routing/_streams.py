@@ -459,6 +459,8 @@ class ResilientStream:
         if self.report.served_model is None:
             self.report.served_model = chunk_model(chunk)
         cost = (hidden_params_of(chunk) or {}).get("response_cost")
+        if cost is None and usage is not None:  # LiteLLM 1.105-1.108 price a stream in its usage only
+            cost = getattr(getattr(chunk, "usage", None), "cost", None)
         if isinstance(cost, int | float) and not isinstance(cost, bool):
             self.report.response_cost = self.cost = float(cost)
 

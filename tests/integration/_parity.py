@@ -103,6 +103,16 @@ def hidden_view(obj: Any) -> dict[str, Any]:
     return view
 
 
+def usage_only(chunk: Any) -> bool:
+    """The usage-only last chunk: ``choices == []`` (LiteLLM 1.109 on), or one choice with an
+    empty delta and no finish reason beside the usage (1.105-1.108)."""
+    if not chunk.choices:
+        return True
+    return getattr(chunk, "usage", None) is not None and all(
+        c.finish_reason is None and not c.delta.content and not c.delta.tool_calls for c in chunk.choices
+    )
+
+
 def chunk_shapes(chunks: list[Any]) -> list[Any]:
     """The chunk sequence as normalized plain data."""
     return [normalize(c) for c in chunks]
