@@ -77,3 +77,5 @@ def test_a_rate_limited_scenario_enforces_the_limit_and_the_plugin_paces_to_it(t
     # The provider refused the plain Router's burst: its requests per call show the 429s it met.
     assert plain["upstream_per_call"] > 1.0
     assert plugin["upstream_per_call"] <= plain["upstream_per_call"]
+    assert "of the calls waited for a deployment's rate limit" in r.stdout  # the advice says why
+    assert "attempt_timeout" not in r.stdout  # not blamed on a timeout

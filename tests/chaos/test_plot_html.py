@@ -128,6 +128,9 @@ def test_advice_does_not_call_answering_more_calls_a_loss() -> None:
     lines = behind("x", replace(paced, upstream_per_call=1.35), fled, min_sample=20)
     assert "answered 80% of them from the fallback" in lines[0] and "max_wait_with_fallback" in lines[0]
     assert "finding the provider's limit" in lines[1]
+    # More requests that answered more calls (retries, stream recoveries) are said to be that.
+    lines = behind("x", _metrics(40, 1.0, 0.1, upstream=1.25), _metrics(40, 0.0, 0.1), min_sample=20)
+    assert "retries and stream recoveries that answered 100% of the calls against 0%" in lines[-1]
     # Spend is compared per answered call: answering more calls at the same price is no loss.
     more = replace(_metrics(40, 1.0, 0.4), spend=0.0002)
     assert behind("x", more, replace(_metrics(40, 0.7, 0.4), spend=0.00014), min_sample=20) == []

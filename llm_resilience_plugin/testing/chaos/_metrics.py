@@ -184,7 +184,16 @@ def advice(run: RunResult, m: Metrics, spec: RouterSpec) -> list[str]:
     out: list[str] = []
     fb = _fallback_answer_s(run)
     timeout = pol.attempt_timeout
-    if fb is not None and m.p99_s >= 0.8 * timeout and m.p99_s > 4 * fb:
+    paced = any(c.queued > 0.01 for c in run.calls)
+    if paced:
+        out.append(
+            f"{sc}: {m.paced_share:.0%} of the calls waited for a deployment's rate limit (the "
+            "plugin paces a 429 rather than fleeing it); a wait longer than "
+            f"backoff.max_wait_with_fallback ({pol.backoff.max_wait_with_fallback} s) goes to the "
+            "fallback, and the deployment's rpm/tpm in litellm_params pace at the stated limit from "
+            "the first call"
+        )
+    elif fb is not None and m.p99_s >= 0.8 * timeout and m.p99_s > 4 * fb:
         out.append(
             f"attempt_timeout {timeout:g} s makes the {sc} scenario's p99 {m.p99_s:.1f} s; your fallback "
             f"answers in {fb:.2f} s: lower resilience.attempt_timeout (or turn on resilience.hedge)"
@@ -254,13 +263,18 @@ def behind(scenario: str, plugin: Metrics, plain: Metrics, *, min_sample: int) -
         plugin.upstream_per_call > 1.1 * plain.upstream_per_call
         and plugin.upstream_per_call - (plain.upstream_per_call) > 0.1
     ):
-        why = (
-            "the plugin met 429s finding the provider's limit (its first window is 32 requests, "
-            "then the limit it learns); the deployment's rpm/tpm in litellm_params pace at the "
-            "stated limit from the first call"
-            if plugin.paced_share > 0
-            else "retries cost requests; lower the class's max_retries or retry_budget.capacity"
-        )
+        why = "retries cost requests; lower the class's max_retries or retry_budget.capacity"
+        if plugin.paced_share > 0:
+            why = (
+                "the plugin met 429s finding the provider's limit (its first window is 32 requests, "
+                "then the limit it learns); the deployment's rpm/tpm in litellm_params pace at the "
+                "stated limit from the first call"
+            )
+        elif answered_more:
+            why = (
+                f"the extra requests are the retries and stream recoveries that answered "
+                f"{plugin.success_rate:.0%} of the calls against {plain.success_rate:.0%}"
+            )
         out.append(
             f"{lead} upstream requests per call ({plugin.upstream_per_call:.2f} vs "
             f"{plain.upstream_per_call:.2f}): {why}"
