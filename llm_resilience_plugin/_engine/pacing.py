@@ -48,6 +48,9 @@ DEFAULT_OUTPUT_TOKENS = 256
 # lower tiers use all of it once they wait (they hover at their reserve): it costs no throughput,
 # only the lower tiers' first burst. (Within one process the queue orders the tiers.)
 FLEET_RESERVE = 0.5
+# A waiter looks at its place at least this often (seconds), whatever its estimate said: an
+# estimate made at a pace that changed since (a limit learned, a hold lifted) is not slept out.
+MAX_NAP = 2.0
 
 
 class SharedPace(Protocol):
@@ -139,6 +142,7 @@ class Pace(PaceLearning):
         self.tiers = 4  # the policy's tier count (the fleet reserve's scale; set by Paces)
         self.concurrency: Gradient | None = None  # an adaptive in-flight limit (set by Paces)
         self.waiting: list[Waiter] = []
+        self._planned_head: Waiter | None = None  # the head last woken to plan its own slot
         self._last_429 = -math.inf
         self._last_decrease = -math.inf
         self._last_increase = now
@@ -315,11 +319,17 @@ class Pace(PaceLearning):
         return n, toks
 
     def _grant_due(self, now: float) -> None:
-        """Grant the queue's head, and each next one, while a slot is free (lock held)."""
+        """Grant the queue's head, and each next one, while a slot is free; a waiter that has
+        just become the head is woken to plan its sleep from now (its last plan counted the ones
+        ahead of it at a pace that may have changed since) (lock held)."""
         try:
             self._grant_heads(now)
         finally:
             self.track_slow_start(now)
+            head = next((w for w in self.waiting if not w.gone), None) if self.waiting else None
+            if head is not None and head is not self._planned_head:
+                self._planned_head = head
+                _signal(head.wake)
 
     def _grant_heads(self, now: float) -> None:
         if self._hold_until > now:
@@ -445,7 +455,7 @@ class Pace(PaceLearning):
                 w.gone = True
                 return ("deadline" if due > give_up_at else "leave"), 0.0
             w.wake = wake
-        return None, min(wait, max(0.0, give_up_at - now) + 0.001)
+        return None, min(wait, MAX_NAP, max(0.0, give_up_at - now) + 0.001)
 
     def _done(self, w: Waiter, waited: float) -> None:
         self.granted += 1

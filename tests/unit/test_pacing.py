@@ -146,6 +146,22 @@ def test_a_waiter_behind_others_is_told_to_sleep_until_its_own_turn():
     assert wait_first == pytest.approx(1.0) and wait_second == pytest.approx(2.0)  # in order, not a herd
 
 
+def test_a_waiter_that_becomes_the_head_is_woken_to_plan_again_and_no_nap_is_long():
+    # A waiter far back sleeps on an estimate made at the pace of that moment; a learned pace can
+    # change under it. When it becomes the head it is woken, and no sleep is longer than MAX_NAP.
+    pace, clock = _paced(60, burst=1)  # 1/s
+    assert pace.try_take()
+    waiters = [pace.join(rank=1) for _ in range(6)]
+    _, far = pace.turn(waiters[5], clock.t, clock.t + 100, float("inf"), threading.Event())
+    assert far == pytest.approx(2.0)  # its slot is 6 s away, but it looks again within 2 s
+    second = threading.Event()
+    pace.turn(waiters[1], clock.t, clock.t + 100, float("inf"), second)
+    clock.t += 1.0
+    outcome, _ = pace.turn(waiters[0], clock.t, clock.t + 100, float("inf"), None)
+    assert outcome == "granted"
+    assert second.is_set()  # the new head was woken (it may go sooner than it planned)
+
+
 def test_a_stated_limit_gives_up_early_when_the_slot_would_miss_the_deadline():
     pace, clock = _paced(60, burst=1)
     assert pace.try_take()
