@@ -47,6 +47,14 @@ def chunk_text(chunk: Any) -> str:
     return ""
 
 
+def done_text(chunk: Any) -> str | None:
+    """The whole text a Responses ``output_text.done`` event states for its part, else None."""
+    if _event_type(chunk) != "response.output_text.done":
+        return None
+    text = getattr(chunk, "text", None)
+    return text if isinstance(text, str) else None
+
+
 def set_chunk_text(chunk: Any, text: str) -> None:
     """Replace the text :func:`chunk_text` reads (a resumed stream drops what was delivered)."""
     choices = getattr(chunk, "choices", None) or []

@@ -32,6 +32,7 @@ from llm_resilience_plugin.routing._chunks import (
     chunk_model,
     chunk_text,
     chunk_usage,
+    done_text,
     is_usage_only,
     set_chunk_text,
 )
@@ -151,6 +152,7 @@ class ResilientStream:
         self._live = live
         self._pre = pre
         self._parts: list[str] = []
+        self._part_from = 0  # where the current Responses output part's text begins in _parts
         self._max_gap = 0.0  # the longest silence between two chunks, for the learned idle timeout
         self._finish_reason: str | None = None
         self._closed = False
@@ -448,6 +450,17 @@ class ResilientStream:
         text = chunk_text(chunk)
         if text:
             self._parts.append(text)
+        stated = done_text(chunk)
+        if stated is not None:
+            # LiteLLM drops a Responses event it cannot decode: the part's deltas then fall short
+            # of the text its done event states - a break, not a success with a hole in it.
+            streamed = "".join(self._parts)[self._part_from :]
+            if streamed != stated:
+                raise ConnectionError(
+                    f"Responses stream lost text: its deltas ({len(streamed)} chars) do not add up "
+                    f"to the {len(stated)} chars output_text.done states (an event was not decoded)"
+                )
+            self._part_from += len(streamed)
         if chunk_has_tool_call(chunk):
             self._saw_tools = True
         finish = chunk_finish(chunk)

@@ -54,7 +54,7 @@ FAULT_KINDS: dict[str, frozenset[str]] = {
     "slow_first_token": frozenset({"seconds"}),
     "stream_cut": frozenset({"after_chunks"}),
     "stream_stall": frozenset({"after_chunks", "seconds"}),
-    "malformed_chunk": frozenset({"after_chunks", "content", "repeat"}),
+    "malformed_chunk": frozenset({"after_chunks", "content", "repeat", "replace"}),
     "no_done": frozenset(),
     "flaky": frozenset({"p", "fault", "seed"}),
     "refuse_prefill": frozenset({"fault", "message"}),
@@ -90,6 +90,7 @@ class FaultSpec(BaseModel):
     seed: int | None = None
     content: bool | None = None
     repeat: int | None = Field(default=None, ge=1)
+    replace: bool | None = None
 
     @model_validator(mode="after")
     def _arguments_fit_the_kind(self) -> FaultSpec:

@@ -53,6 +53,7 @@ class Behavior:
     seed: int | None = None
     carries_content: bool = True  # malformed_chunk: does the invalid event show a text value?
     repeat: int = 1  # malformed_chunk: how many invalid events (one good chunk between two)
+    replace: bool = False  # malformed_chunk: the invalid event takes a content event's place
 
     @property
     def name(self) -> str:
@@ -250,12 +251,18 @@ class Fault:
         )
 
     @staticmethod
-    def malformed_chunk(after_chunks: int = 1, content: bool = True, repeat: int = 1) -> Behavior:
+    def malformed_chunk(
+        after_chunks: int = 1, content: bool = True, repeat: int = 1, replace: bool = False
+    ) -> Behavior:
         """Insert one invalid-JSON event after ``after_chunks`` chunks (non-stream: bad body);
         ``content=False`` makes it one that shows no text (a cut role chunk), ``repeat`` inserts
-        that many (one good chunk between two)."""
+        that many (one good chunk between two); ``replace=True`` puts it in the place of the next
+        event instead (that event's text is lost - a client that skips what it cannot decode
+        ends with a hole in the answer)."""
         if not isinstance(content, bool):
             raise ValueError(f"content must be a bool, got {content!r}")
+        if not isinstance(replace, bool):
+            raise ValueError(f"replace must be a bool, got {replace!r}")
         if check_count("repeat", repeat) < 1:
             raise ValueError(f"repeat must be an integer >= 1, got {repeat!r}")
         return Behavior(
@@ -263,6 +270,7 @@ class Fault:
             after_chunks=check_count("after_chunks", after_chunks),
             carries_content=content,
             repeat=repeat,
+            replace=replace,
         )
 
     @staticmethod

@@ -220,7 +220,11 @@ async def send_events(
         events = list(events)
         bad = malformed if behavior.carries_content else MALFORMED_WITHOUT_TEXT
         for i in reversed(range(behavior.repeat)):  # one good chunk between two bad ones
-            events.insert(min(behavior.after_chunks + i, len(events)), bad)
+            at = min(behavior.after_chunks + i * (2 if behavior.replace else 1), len(events))
+            if behavior.replace and at < len(events):
+                events[at] = bad  # that event's text is lost with it
+            else:
+                events.insert(at, bad)
     elif kind == "no_done" and done is not None:
         closing = [c for c in closing if c != done]
     if behavior.latency > 0:

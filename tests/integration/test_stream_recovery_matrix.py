@@ -325,6 +325,10 @@ BREAKS = {
     "undecodable-event": lambda n, text: dataclasses.replace(
         Fault.malformed_chunk(after_chunks=n), text=text
     ),
+    # the undecodable event takes a content event's place: its text is lost with it
+    "lost-event": lambda n, text: dataclasses.replace(
+        Fault.malformed_chunk(after_chunks=n, replace=True), text=text
+    ),
 }
 
 
@@ -343,12 +347,23 @@ async def test_a_stall_or_an_undecodable_event(sim, routers, op: str, kind: str,
         whole = replacement_text(op, out.error.replacement)
         assert whole.startswith("{") and whole.endswith("}") and whole != out.text
         assert breaks(out) == [("given_up", "a", "b")]
+    elif op == "responses" and kind == "lost-event":
+        # LiteLLM skips the event it cannot decode and the text shown has a hole; the part's
+        # output_text.done states the whole text, so the plugin knows: not a success with a hole,
+        # the typed error with the whole answer (a replay cannot match a text with a hole in it)
+        assert out.error is not None and out.text != STORY
+        assert "lost text" in str(out.error)
+        # both routes' replays diverge from a text with a hole; the whole answer comes from one
+        assert replacement_text(op, out.error.replacement) in (STORY, answer("a"))
+        assert breaks(out)[0] == ("diverged", "a", "b") and breaks(out)[-1][0] == "given_up"
     elif op == "responses" and kind == "undecodable-event":
         # LiteLLM's Responses stream iterator drops an event it cannot decode before the plugin
         # sees it: the simulator's extra invalid event costs nothing here, and no break happens
         assert out.error is None and out.text == STORY
         assert breaks(out) == [] and sim.count("b") == 0
     else:
+        # (a Responses part whose deltas fall short of the text its output_text.done states is a
+        # break too: LiteLLM skipped the event that carried the rest)
         assert out.error is None and out.text == STORY
         assert breaks(out) == [("replayed", "a", "b")]
 
