@@ -28,7 +28,7 @@ checks=$!
 # those LiteLLM releases too (scripts/test_matrix.sh; ~6-10 min a release on 2 cores).
 workers=${LLM_TEST_WORKERS:-4}
 parallel=()
-if [ "$workers" != 0 ]; then parallel=(-n "$workers" --dist loadgroup); fi
+if [ "$workers" != 0 ]; then parallel=(-n "$workers" --dist loadfile); fi
 status=0
 .venv/bin/pytest -p no:cacheprovider -o console_output_style=count --durations=15 "${parallel[@]}" "$@" ||
   status=$?
