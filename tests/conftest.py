@@ -139,13 +139,90 @@ def make_router(sim: ProviderSimulator) -> Iterator[RouterFactory]:
 MSG = [{"role": "user", "content": "Hello there, how are you?"}]
 
 
+# -- progress under pytest-xdist (scripts/test.sh runs -n 4): a line per test file once it is done --
+#
+# Without xdist pytest prints a line per file itself. With it the files' tests finish on several
+# workers at once and the terminal shows only dots, so the controller prints each file's line
+# (its counts and the total done so far) when the file's last test is reported, and no dots.
+
+
+class _FileProgress:
+    def __init__(self, terminalreporter: Any) -> None:
+        self.tr = terminalreporter
+        self.total: dict[str, int] = {}
+        self.done: dict[str, int] = {}
+        self.outcomes: dict[str, dict[str, int]] = {}
+        self.grand_total = 0
+        self.grand_done = 0
+
+    def collected(self, ids: list[str]) -> None:
+        if self.total:  # every worker collects the same ids
+            return
+        for nodeid in ids:
+            path = nodeid.split("::")[0]
+            self.total[path] = self.total.get(path, 0) + 1
+        self.grand_total = len(ids)
+
+    def report(self, report: pytest.TestReport) -> None:
+        path = report.nodeid.split("::")[0]
+        counts = self.outcomes.setdefault(path, {})
+        if report.when == "call" or (report.when == "setup" and not report.passed):
+            outcome = "xfailed" if hasattr(report, "wasxfail") and report.skipped else report.outcome
+            outcome = "error" if report.when == "setup" and report.failed else outcome
+            counts[outcome] = counts.get(outcome, 0) + 1
+        elif report.when == "teardown" and report.failed:
+            counts["error"] = counts.get("error", 0) + 1
+        if report.when != "teardown":
+            return
+        self.done[path] = self.done.get(path, 0) + 1
+        self.grand_done += 1
+        if self.done[path] != self.total.get(path):
+            return
+        parts = ", ".join(f"{n} {what}" for what, n in sorted(counts.items()))
+        width = len(str(self.grand_total))
+        line = f"{path} {parts}"
+        self.tr.write_line(f"{line:<76} [{self.grand_done:>{width}}/{self.grand_total}]")
+
+
+def _xdist_controller(config: pytest.Config) -> bool:
+    return not hasattr(config, "workerinput") and bool(getattr(config.option, "numprocesses", None))
+
+
+_PROGRESS: list[_FileProgress] = []  # one, on the xdist controller
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config: pytest.Config) -> None:
+    terminal = config.pluginmanager.get_plugin("terminalreporter")
+    if terminal is not None and _xdist_controller(config):
+        _PROGRESS.append(_FileProgress(terminal))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
+    for progress in _PROGRESS:
+        progress.collected(ids)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config) -> Any:
+    """Under xdist, no dot per test: the per-file lines say it (failures are listed at the end)."""
+    category, letter, word = yield
+    if _PROGRESS and config.get_verbosity() <= 0:
+        letter = ""
+    return category, letter, word
+
+
 # -- where the suite's time goes: one line per kind of test (tests/<kind>/) at the end of a run --
 
 _KIND_TIMES: dict[str, list[float]] = {}
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    """Add each phase's duration (setup, call, teardown) to its kind's total."""
+    """Add each phase's duration (setup, call, teardown) to its kind's total (under xdist: on the
+    controller, so a kind's figure is the sum over the workers, more than the wall time it took)."""
+    for progress in _PROGRESS:
+        progress.report(report)
     parts = report.nodeid.split("/")
     kind = parts[1] if len(parts) > 2 and parts[0] == "tests" else parts[0].split("::")[0]
     entry = _KIND_TIMES.setdefault(kind, [0.0, 0.0])

@@ -13,6 +13,10 @@ import pytest
 
 pytest.importorskip("mkdocs", reason="install the 'docs' extra to build the site")
 
+# Under pytest-xdist (scripts/test.sh) this file's tests stay on one worker: one site build, not one
+# per worker that gets a test.
+pytestmark = pytest.mark.xdist_group("docs-site")
+
 ROOT = Path(__file__).resolve().parents[2]
 RAW_ROLE = re.compile(r":(?:py:)?(?:class|meth|func|data|mod|attr|exc|obj|const):`?")
 

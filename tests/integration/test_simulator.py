@@ -1003,6 +1003,10 @@ def test_installed_entry_point_simulator_help() -> None:
         assert option in done.stdout
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_installed_entry_point_serves_until_stopped(stop_signal: signal.Signals) -> None:
     port = _free_port()
@@ -1013,6 +1017,10 @@ def test_installed_entry_point_serves_until_stopped(stop_signal: signal.Signals)
         stderr=subprocess.PIPE,
         text=True,
         env=env,
+        # As from a terminal: Ctrl-C's default action. A pytest-xdist worker (and a shell's
+        # background job) ignores SIGINT, and a child inherits that; Python then installs no
+        # KeyboardInterrupt handler and the SIGINT case would wait forever.
+        preexec_fn=_default_sigint,
     )
     try:
         deadline = time.monotonic() + 30.0
