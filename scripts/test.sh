@@ -27,7 +27,7 @@ checks=$!
 # 11 minutes of CPU, so about 6 minutes is the floor on 2 cores.
 # Opt-in: LITELLM_MATRIX="1.109.3 1.110.0" then runs the unit and integration suites against
 # those LiteLLM releases too (scripts/test_matrix.sh; ~6-10 min a release on 2 cores).
-workers=${LLM_TEST_WORKERS:-4}
+workers=${LLM_TEST_WORKERS:-2}
 parallel=()
 if [ "$workers" != 0 ]; then parallel=(-n "$workers" --dist loadfile); fi
 status=0
