@@ -20,11 +20,11 @@ checks_log=$(mktemp)
 ) >"$checks_log" 2>&1 &
 checks=$!
 
-# The tests run on 4 pytest-xdist workers (-n 4; LLM_TEST_WORKERS=N for another count, 0 for none):
-# a line per test file when its last test is done, with the count done so far ([ 812/2218]), then
-# the 15 slowest tests and the time per kind of test (tests/conftest.py). The whole script took
-# 8.5 minutes on 2 cores shared with other work (pytest alone without xdist: 13); it needs about
-# 11 minutes of CPU, so about 6 minutes is the floor on 2 cores.
+# The tests run on 2 pytest-xdist workers (-n 2; LLM_TEST_WORKERS=N for another count, 0 for none;
+# 4 on 2 cores starved timing-sensitive tests): a line per test file when its last test is done,
+# with the count done so far ([ 812/2218]), then the 15 slowest tests and the time per kind of test
+# (tests/conftest.py). The whole script takes about 7 minutes on 2 cores (pytest alone without
+# xdist: 13); it needs about 11 minutes of CPU, so about 6 minutes is the floor on 2 cores.
 # Opt-in: LITELLM_MATRIX="1.109.3 1.110.0" then runs the unit and integration suites against
 # those LiteLLM releases too (scripts/test_matrix.sh; ~6-10 min a release on 2 cores).
 workers=${LLM_TEST_WORKERS:-2}
