@@ -208,16 +208,12 @@ def rate_limit_of(spec: Any, d: Mapping[str, Any]) -> dict[str, Any]:
 
     pacing = spec.policy.pacing
     dep_id = (d.get("model_info") or {}).get("id")
-    override = pacing.limits.get(dep_id) or pacing.limits.get(d["model_name"])
+    override = pacing.limits_for(dep_id, d["model_name"])
     params = d.get("litellm_params") or {}
     lim = configured_limits(params, override.model_dump() if override else None)
     if not pacing.enabled:
         return {"paced": False, "source": "pacing off (429s retried with backoff and Retry-After)"}
-    adaptive = (
-        pacing.concurrency.get(dep_id or "")
-        or pacing.concurrency.get(d["model_name"])
-        or pacing.concurrency.get("*")
-    )
+    adaptive = pacing.concurrency_for(dep_id, d["model_name"])
     concurrency = adaptive.model_dump() if adaptive is not None else None
     if lim is None:
         how = "learned from 429s and rate-limit headers" if pacing.learn else "none (not learned)"

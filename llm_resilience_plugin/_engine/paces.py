@@ -58,7 +58,7 @@ class Paces(dict[str, Pace]):
         pacing = policy.pacing
         self.enabled = pacing.enabled
         for info in deployments:
-            override = pacing.limits.get(info.id) or pacing.limits.get(info.model_group)
+            override = pacing.limits_for(info.id, info.model_group)
             limits = configured_limits(info.params, override.model_dump() if override else None)
             pace = Pace(
                 info.id,
@@ -70,11 +70,7 @@ class Paces(dict[str, Pace]):
                 fail_closed=pacing.on_shared_state_error == "fail_closed",
             )
             pace.tiers = len(policy.tiers)
-            adaptive = (
-                pacing.concurrency.get(info.id)
-                or pacing.concurrency.get(info.model_group)
-                or pacing.concurrency.get("*")
-            )
+            adaptive = pacing.concurrency_for(info.id, info.model_group)
             if adaptive is not None and pacing.enabled:
                 pace.concurrency = Gradient(adaptive.initial, adaptive.min, adaptive.max, adaptive.tolerance)
             if not pacing.enabled:

@@ -326,8 +326,8 @@ class Pace(PaceLearning):
             self._grant_heads(now)
         finally:
             self.track_slow_start(now)
-            head = next((w for w in self.waiting if not w.gone), None) if self.waiting else None
-            if head is not None and head is not self._planned_head:
+            head = self.waiting[0] if self.waiting else None  # _grant_heads popped the gone ones
+            if head is not None and not head.gone and head is not self._planned_head:
                 self._planned_head = head
                 _signal(head.wake)
 

@@ -340,6 +340,15 @@ class PacingPolicy(Model):
         "buckets (the limit divided by the workers last seen), or send nothing.",
     )
 
+    def limits_for(self, deployment_id: str | None, group: str) -> DeploymentLimits | None:
+        """The ``limits`` entry that applies to a deployment (its id first, then its group)."""
+        return self.limits.get(deployment_id or "") or self.limits.get(group)
+
+    def concurrency_for(self, deployment_id: str | None, group: str) -> AdaptiveConcurrency | None:
+        """The ``concurrency`` entry that applies to a deployment (its id, its group, then "*")."""
+        c = self.concurrency
+        return c.get(deployment_id or "") or c.get(group) or c.get("*")
+
 
 class ResiliencePolicy(Model):
     """The whole policy. Each default and why: the manual's "Policy and error classes" page."""

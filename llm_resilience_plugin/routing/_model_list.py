@@ -440,7 +440,7 @@ class ModelList:
         for i, info in infos.items():
             prior = known.get(i)
             if prior is not None and prior.model_group == info.model_group and i in engine.paces:
-                override = pacing.limits.get(i) or pacing.limits.get(info.model_group)
+                override = pacing.limits_for(i, info.model_group)
                 o = override.model_dump() if override else None
                 if configured_limits(prior.params, o) == configured_limits(info.params, o):
                     continue

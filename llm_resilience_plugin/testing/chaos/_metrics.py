@@ -184,8 +184,7 @@ def advice(run: RunResult, m: Metrics, spec: RouterSpec) -> list[str]:
     out: list[str] = []
     fb = _fallback_answer_s(run)
     timeout = pol.attempt_timeout
-    paced = any(c.queued > 0.01 for c in run.calls)
-    if paced:
+    if m.paced_share > 0:
         out.append(
             f"{sc}: {m.paced_share:.0%} of the calls waited for a deployment's rate limit (the "
             "plugin paces a 429 rather than fleeing it); a wait longer than "
