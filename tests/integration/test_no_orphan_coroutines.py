@@ -93,12 +93,16 @@ async def test_a_call_cancelled_while_litellm_waits_for_its_executor_leaves_no_c
     router = _router(sim)
     try:
         with no_runtime_warning():
+            # Catching the executor mid-way is a race the loop thread wins only some of the time
+            # (a loaded CI machine less often): try until four calls were caught there.
             caught = 0
-            for i in range(12):
+            for i in range(40):
                 stream = i % 2 == 1
                 caught += await _cancel_in_executor(
                     router.acompletion(model="g", messages=BIG, stream=stream)
                 )
+                if caught >= 4:
+                    break
             assert caught >= 4, "never caught LiteLLM in its executor"
             # Nothing was left half-done: the router still answers.
             assert (await router.acompletion(model="g", messages=MSG)).choices[0].message.content
