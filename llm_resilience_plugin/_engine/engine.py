@@ -469,7 +469,14 @@ class Engine:
                 b.release(adm)
             if paced and failure.status is not None:  # the provider's 429: the pace takes it
                 headers = headers_of(failure.exception)
-                self.paces.rate_limited(adm.deployment_id, failure.retry_after, headers, latency, actx.grant)
+                self.paces.rate_limited(
+                    adm.deployment_id,
+                    failure.retry_after,
+                    headers,
+                    latency,
+                    actx.grant,
+                    self.group_deployments.get(group, ()),
+                )
             elif failure.retry_after:
                 b.hold(failure.retry_after)
                 self.hold_queue.held(adm.deployment_id, self.clock.wall(), failure.retry_after, call.call_id)

@@ -81,6 +81,10 @@ class PaceLearning:
     # incident that refused everything): it doubles each second without a 429 until one comes
     # (TCP's slow start after a timeout), instead of creeping up from a rate nobody measured.
     probing = False
+    # A sibling's 429 narrowed the slow-start window to what was in flight then (see
+    # :meth:`sibling_refused`); it widens by one per answer since (acks counted from _ss_cap_acks).
+    _ss_cap = math.inf
+    _ss_cap_acks = 0
 
     def answered_at(self, sent_at: float) -> None:
         """A request sent at ``sent_at`` (monotonic) was accepted: the first pace counts these
@@ -95,10 +99,25 @@ class PaceLearning:
                 lim = self.limits
                 if lim.source != "learned" or lim.requests_per_s is None:
                     return
-                accepted = sum(1 for t, refused in self.sends if at - LEARN_WINDOW <= t <= at and not refused)
-                if accepted / hold > lim.requests_per_s and self._last_decrease <= self._learned_at:
-                    lim.requests_per_s = accepted / hold
+                accepted, rate, _shown = self._accepted_rate(at, hold)
+                if rate > lim.requests_per_s and self._last_decrease <= self._learned_at:
+                    lim.requests_per_s = rate
                     lim.request_burst = max(lim.request_burst, min(float(accepted), lim.requests_per_s))
+
+    def _accepted_rate(self, at: float, hold: float) -> tuple[int, float, float]:
+        """(requests accepted in the window before the first refusal at ``at``, the pace to start
+        at, the rate they show). The wave that met the limit shows the provider's burst more
+        than its rate: where enough was accepted before its last LEARNED_BURST_S, the rate is the
+        lower of the window over the hold and that earlier part over its span - and that earlier
+        traffic may predate the limit (a provider that began to shed load), so the pace starts
+        one decrease below it and climbs back, slower near it, rather than meet a 429 to learn so."""
+        window = [t for t, refused in self.sends if at - LEARN_WINDOW <= t <= at and not refused]
+        rate = len(window) / hold
+        before = sum(1 for t in window if t < at - LEARNED_BURST_S)
+        if before < PROBE_BELOW:
+            return len(window), rate, rate
+        shown = min(rate, before / (LEARN_WINDOW - LEARNED_BURST_S))
+        return len(window), shown * DECREASE, shown
 
     def wants_headers(self, headers: Mapping[str, Any] | None) -> bool:
         """Are an answer's rate-limit headers worth adopting: this deployment is paced already,
@@ -171,15 +190,14 @@ class PaceLearning:
         lim = self.limits
         if lim.requests_per_s is not None:
             return
-        start = at - LEARN_WINDOW
-        accepted = sum(1 for t, refused in self.sends if start <= t <= at and not refused)
+        accepted, rate, shown = self._accepted_rate(at, hold)
         # At the headroom a stated limit gets: a pace at exactly the rate it accepted meets a 429
         # on every jitter, and each would lower it by a third.
-        first = max(1.0 / 60.0, accepted / hold) if accepted else 1.0 / hold
+        first = max(1.0 / 60.0, rate) if accepted else 1.0 / hold
         lim.requests_per_s = first * self.headroom
         # What it accepted is as high as it is known to go - unless it accepted too little to say.
         self.probing = accepted < PROBE_BELOW
-        self.rate_at_429 = math.inf if self.probing else lim.requests_per_s
+        self.rate_at_429 = math.inf if self.probing else shown * self.headroom
         # The provider's burst is not known (the count may include calls from before its limit
         # bit): send evenly, a fifth of a second's worth at most at once, not a second's.
         lim.request_burst = max(1.0, min(float(accepted), LEARNED_BURST_S * lim.requests_per_s))
@@ -263,6 +281,8 @@ class PaceLearning:
             self._ss_start = 0.0  # seconds it has bound so far (its clock runs only while it binds)
         bound = self._ss_start + (now - self._ss_mark if self._ss_mark is not None else 0.0)
         w = (SLOW_START_WINDOW + self._ss_acks) * 2 ** (bound / SLOW_START_DOUBLING)
+        if self._ss_cap < math.inf:
+            w = min(w, self._ss_cap + self._ss_acks - self._ss_cap_acks)
         if w >= SLOW_START_OPEN or self._ss_acks >= SLOW_START_WINDOW:  # a first window answered
             self._ss_over = True
             return math.inf
@@ -278,6 +298,19 @@ class PaceLearning:
         if self._ss_over and self.limits.requests_per_s is None and self.inflight == 0:
             with self.lock:
                 self._ss_over, self._ss_start, self._ss_mark, self._ss_acks = False, None, None, 0
+                self._ss_cap, self._ss_cap_acks = math.inf, 0
+
+    def sibling_refused(self) -> None:
+        """Another deployment of the group answered 429 while this one is in slow start with no
+        limit known: the same wave may have met this one's limit too, so it sends no more than it
+        has in flight until answers show room (each widens the window by one), rather than take
+        the refused calls' retries straight into that limit."""
+        if self._ss_over or self.limits.requests_per_s is not None:
+            return
+        with self.lock:
+            cap = max(1.0, float(self.inflight))
+            if cap < self._ss_cap + self._ss_acks - self._ss_cap_acks:  # only ever narrows
+                self._ss_cap, self._ss_cap_acks = cap, self._ss_acks
 
     def track_slow_start(self, now: float) -> None:
         """Run the slow-start clock while calls wait, stop it when none do (lock held)."""

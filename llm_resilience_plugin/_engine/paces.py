@@ -128,9 +128,14 @@ class Paces(dict[str, Pace]):
         headers: Mapping[str, Any] | None,
         latency: float,
         grant: Grant | None,
+        siblings: Iterable[str] = (),
     ) -> None:
-        """A provider's 429 from ``dep``: its pace holds and slows (see :meth:`Pace.on_rate_limited`)."""
+        """A provider's 429 from ``dep``: its pace holds and slows (see :meth:`Pace.on_rate_limited`);
+        its ``siblings`` in the group still in slow start stop widening (:meth:`Pace.sibling_refused`)."""
         self[dep].on_rate_limited(retry_after, headers, latency, grant)
+        for other in siblings:
+            if other != dep and other in self:
+                self[other].sibling_refused()
         self.on = True
 
     def finished(self, grant: Grant | None, sent: bool) -> None:

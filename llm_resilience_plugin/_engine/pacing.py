@@ -131,8 +131,8 @@ class Pace(PaceLearning):
                 "config",
             )
         now = clock.monotonic()
-        self._level = self.limits.request_burst
-        self._tlevel = self.limits.token_burst
+        # Half full, as a fleet's: the provider's remainder is unknown, a first burst arrives late.
+        self._level, self._tlevel = max(1.0, self.limits.request_burst / 2), self.limits.token_burst / 2
         self._updated = now
         self._hold_until = 0.0
         # The shared bucket refused a call of tier rank ``_shared_rank``: that tier and lower ones

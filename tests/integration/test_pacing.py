@@ -16,6 +16,7 @@ from llm_resilience_plugin import get_report
 from llm_resilience_plugin._engine.clock import Clock
 from llm_resilience_plugin.errors import RateLimitWaitError
 from llm_resilience_plugin.events import Paced
+from llm_resilience_plugin.testing import Fault
 from tests.conftest import MSG, RouterFactory
 
 
@@ -293,3 +294,30 @@ def test_an_adaptive_in_flight_limit_holds_for_blocking_callers_on_many_threads(
         results = list(pool.map(lambda _: router.completion(model="primary", messages=MSG), range(8)))
     assert all(get_report(r).outcome == "success" for r in results)  # type: ignore[union-attr]
     assert _most_at_once(sim.requests("a")[before:]) <= 2
+
+
+@pytest.mark.parametrize("blocking", [False, True])
+async def test_a_429_on_one_deployment_sends_no_retry_into_a_sibling_still_answering_the_wave(
+    make_router: RouterFactory, sim, blocking: bool
+) -> None:
+    """The refused calls' retries wait for the sibling's answers to the same wave (it may be at
+    its limit too) instead of going straight into it."""
+    router = make_router({"primary": ["a", "b"]}, policy={"deadline": 30}, clock=Clock())
+    sim.set_default("a", Fault.rate_limit(5))  # refuses everything, Retry-After 5 s
+    sim.set_default("b", Fault.ok(latency=0.5))  # answers everything, slowly
+    if blocking:
+        results = await asyncio.gather(
+            *(asyncio.to_thread(router.completion, model="primary", messages=MSG) for _ in range(8))
+        )
+    else:
+        results = await asyncio.gather(*(router.acompletion(model="primary", messages=MSG) for _ in range(8)))
+    reports = [get_report(r) for r in results]
+    assert all(r is not None and r.outcome == "success" for r in reports)
+    first_to_b = sum(1 for r in reports if r is not None and r.attempts[0].deployment_id == "b")
+    b = sim.requests("b")
+    first_answer = min(r.finished_at for r in b if r.finished_at is not None)
+    sent_before = sum(1 for r in b if r.started_at < first_answer)
+    # Before b answered anything it got only the calls sent to it first (or one, if none were):
+    # no refused call's retry went into it while its own wave was unanswered.
+    assert sent_before <= max(1, first_to_b)
+    assert router.breakers()["a"]["state"] == "closed"

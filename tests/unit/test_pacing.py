@@ -114,6 +114,8 @@ def test_a_coarse_reading_of_a_nearly_full_bucket_sets_no_rate():
 
 def test_a_configured_limit_lets_its_burst_go_then_paces_at_its_rate():
     pace, clock = _paced(600)  # 10/s, a burst of 10
+    assert sum(pace.try_take() for _ in range(10)) == 5  # it starts half full
+    clock.t += 1.0
     assert all(pace.try_take() for _ in range(10))
     assert not pace.try_take()
     assert pace.estimate(rank=1) == pytest.approx(0.1)
@@ -189,6 +191,7 @@ def test_leaving_the_queue_keeps_it_clean_and_a_granted_slot_goes_back():
 def test_a_token_limit_reserves_input_and_bounded_output_then_settles_on_usage():
     clock = Manual()
     pace = Pace("d", clock, configured=configured_limits({"tpm": 60_000}), headroom=1.0)  # 1000/s
+    clock.t += 1.0  # it starts half full: full after a second
     assert pace.try_take(800)
     assert not pace.try_take(800)  # 200 left
     pace.on_answer(None, 800, 100)  # it used 100: 700 come back
@@ -199,6 +202,8 @@ def test_a_token_limit_reserves_input_and_bounded_output_then_settles_on_usage()
 def test_a_request_larger_than_the_whole_token_bucket_goes_when_it_is_full():
     clock = Manual()
     pace = Pace("d", clock, configured=configured_limits({"tpm": 6_000}), headroom=1.0)  # 100/s
+    assert not pace.try_take(500)  # the bucket starts half full
+    clock.t += 1.0
     assert pace.try_take(500)  # never starves: the full bucket admits it
     assert not pace.try_take(10)
     clock.t += 5.0
@@ -381,6 +386,43 @@ def test_a_429_ends_slow_start_and_the_pace_takes_over():
     assert pace.try_take()
     pace.on_rate_limited(1.0, None, 0.0)
     assert not pace.try_take()  # held now, not windowed
+
+
+def test_a_siblings_429_stops_a_slow_starting_deployment_at_what_it_has_in_flight():
+    clock = Stepped()
+    pace = Pace("d", clock)
+    assert sum(pace.try_take() for _ in range(6)) == 6  # a wave on its way, none answered yet
+    pace.sibling_refused()  # the group's other deployment answered 429 to the same wave
+    assert not pace.try_take()  # its retry waits to hear from this one's wave first
+    pace.answered_at(clock.t)
+    pace.ended(pace.grant(0.0, 0.0))
+    assert pace.try_take() and pace.try_take()  # one answered: its place and one more
+    assert not pace.try_take()
+
+
+def test_a_siblings_429_leaves_a_deployment_with_a_known_limit_or_past_slow_start_alone():
+    idle = Pace("d", Stepped())
+    idle.sibling_refused()
+    assert idle.try_take()  # nothing in flight: one request may go and find out
+    open_ = Pace("e", Manual())  # slow start off (past it)
+    open_.sibling_refused()
+    assert sum(open_.try_take() for _ in range(50)) == 50
+
+
+def test_the_first_pace_counts_a_waves_burst_apart_from_the_traffic_before_it():
+    clock = Manual()
+    pace = Pace("d", clock, headroom=1.0)
+    for i in range(8):
+        pace.answered_at(clock.t - 0.95 + i * 0.1)  # 8 accepted over the 0.8 s before the wave
+    for _ in range(7):
+        pace.answered_at(clock.t - 0.001)  # the wave: 7 accepted at once (the provider's burst)
+    pace.on_rate_limited(1.0, None, 0.0)
+    clock.t += 1.01
+    pace.settle_learning()
+    # 15 in the window over the 1 s hold would say 15/s; the traffic before the burst says 10/s,
+    # and it may predate the limit: the pace starts one decrease below that, slowing near it
+    assert pace.limits.requests_per_s == pytest.approx(8 / 0.8 * 0.7)
+    assert pace.rate_at_429 == pytest.approx(8 / 0.8)
 
 
 # -- the waiting drivers -----------------------------------------------------------------------
