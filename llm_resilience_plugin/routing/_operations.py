@@ -22,7 +22,7 @@ from llm_resilience_plugin._engine.dispatch import PAYLOAD_KEYS, STREAMING_OPERA
 from llm_resilience_plugin.errors import ConfigError, ErrorClass
 from llm_resilience_plugin.events import REPORT_KEY, CallReport, Listener, attach_report, hidden_params_of
 from llm_resilience_plugin.routing._batches import batch_concurrency, run_batches
-from llm_resilience_plugin.routing._operations_audio import AUDIO_MODES, check_audio_payload
+from llm_resilience_plugin.routing._operations_audio import AUDIO_MODES
 from llm_resilience_plugin.routing._streams import SyncResilientStream
 
 if TYPE_CHECKING:
@@ -105,9 +105,7 @@ def _check_texts(name: str, value: Any) -> None:
 def validate_payload(operation: str, payload: Any, kwargs: Mapping[str, Any]) -> None:
     """Refuse a payload LiteLLM could not send, before any attempt (a ConfigError naming it)."""
     key = PAYLOAD_KEYS[operation]
-    if operation in AUDIO_MODES:
-        check_audio_payload(operation, payload, kwargs)
-    elif operation in ("embedding", "text_completion"):
+    if operation in ("embedding", "text_completion"):
         _check_texts(key, payload)
     elif operation == "image_generation":
         _check_text(key, payload)

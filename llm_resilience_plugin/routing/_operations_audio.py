@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from pathlib import PurePath
 from typing import TYPE_CHECKING, Any
 
+from llm_resilience_plugin._engine.core import positive_seconds
 from llm_resilience_plugin.errors import ConfigError
 from llm_resilience_plugin.events import hidden_params_of
 
@@ -146,21 +147,35 @@ class AudioMixin:
 
     if TYPE_CHECKING:
 
-        async def _checked(
-            self,
-            operation: str,
-            model: str,
-            payload: Any,
-            stream: bool,
-            deadline: float | None,
-            listener: Listener | None,
-            before_retry: BeforeRetry | None,
-            kwargs: Mapping[str, Any],
-        ) -> Any: ...
+        def check_call(self, operation: str, group: str) -> None: ...
 
         async def acompletion(self, model: str, messages: list[dict[str, Any]], **kwargs: Any) -> Any: ...
 
     # -- audio, moderation, rerank ----------------------------------------------------------------
+
+    async def _call(
+        self,
+        operation: str,
+        model: str,
+        payload: Any,
+        deadline: float | None,
+        listener: Listener | None,
+        before_retry: BeforeRetry | None,
+        kwargs: Mapping[str, Any],
+    ) -> Any:
+        """One checked call on the engine (group, payload, modes checked before anything is sent)."""
+        calls = self.calls
+        calls.check_group(model)
+        check_audio_payload(operation, payload, kwargs)
+        if kwargs.get("scenario") is not None:
+            raise ConfigError("scenario", f"static answers are chat replies; {operation} has none")
+        self.check_call(operation, model)  # every deployment it may reach serves the operation
+        if deadline is not None:
+            deadline = positive_seconds("deadline", deadline)
+        ctx, clean = calls.open_call(
+            model, payload, False, deadline, listener, before_retry, kwargs, operation
+        )
+        return await calls.complete(ctx, model, payload, clean)
 
     async def atranscription(
         self,
@@ -176,8 +191,8 @@ class AudioMixin:
         ``file`` (bytes, a binary file, a path or ``(filename, bytes)``) is read once up front."""
         self.calls.check_group(model)
         payload = read_file(file)
-        return await self._checked(  # type: ignore[no-any-return]
-            "transcription", model, payload, False, deadline, listener, before_retry, kwargs
+        return await self._call(  # type: ignore[no-any-return]
+            "transcription", model, payload, deadline, listener, before_retry, kwargs
         )
 
     def transcription(self, model: str, file: Any = None, **kwargs: Any) -> TranscriptionResponse:
@@ -197,8 +212,8 @@ class AudioMixin:
     ) -> HttpxBinaryResponseContent:
         """Like ``litellm.Router.aspeech``; returns LiteLLM's binary ``HttpxBinaryResponseContent``
         (the audio in ``.content``), never a chat response."""
-        return await self._checked(  # type: ignore[no-any-return]
-            "speech", model, input, False, deadline, listener, before_retry, {**kwargs, "voice": voice}
+        return await self._call(  # type: ignore[no-any-return]
+            "speech", model, input, deadline, listener, before_retry, {**kwargs, "voice": voice}
         )
 
     def speech(
@@ -223,8 +238,8 @@ class AudioMixin:
             raise ConfigError(
                 "model", "is missing: name the model group that moderates, e.g. model='moderation'"
             )
-        return await self._checked(  # type: ignore[no-any-return]
-            "moderation", model, input, False, deadline, listener, before_retry, kwargs
+        return await self._call(  # type: ignore[no-any-return]
+            "moderation", model, input, deadline, listener, before_retry, kwargs
         )
 
     def moderation(
@@ -245,11 +260,10 @@ class AudioMixin:
         **kwargs: Any,
     ) -> RerankResponse:
         """Like ``litellm.Router.arerank``; returns LiteLLM's ``RerankResponse``."""
-        return await self._checked(  # type: ignore[no-any-return]
+        return await self._call(  # type: ignore[no-any-return]
             "rerank",
             model,
             query,
-            False,
             deadline,
             listener,
             before_retry,
