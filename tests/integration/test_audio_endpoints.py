@@ -5,6 +5,7 @@ counting, cost settled, the blocking twins, and the checks made before any reque
 from __future__ import annotations
 
 import io
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
@@ -16,7 +17,7 @@ from litellm.types.rerank import RerankResponse
 from llm_resilience_plugin import BudgetExceededError, ConfigError, ResilientRouter, get_report
 from llm_resilience_plugin.cost import Budget, CostGuard
 from llm_resilience_plugin.errors import ErrorClass
-from llm_resilience_plugin.testing import FakeClock, Fault, ProviderSimulator
+from llm_resilience_plugin.testing import Clock, FakeClock, Fault, ProviderSimulator
 from llm_resilience_plugin.testing._audio import speech_bytes
 
 from ..conftest import FAST_POLICY, _merge
@@ -69,11 +70,16 @@ def build(sim: ProviderSimulator) -> Iterator[Callable[..., ResilientRouter]]:
     made: list[ResilientRouter] = []
 
     def make(
-        operation: str, groups: dict[str, list[str]], *, policy: dict[str, Any] | None = None, **kwargs: Any
+        operation: str,
+        groups: dict[str, list[str]],
+        *,
+        policy: dict[str, Any] | None = None,
+        clock: Any = None,
+        **kwargs: Any,
     ) -> ResilientRouter:
         model_list = [_entry(sim, operation, g, d) for g, deps in groups.items() for d in deps]
         router = ResilientRouter(
-            model_list, policy=_merge(FAST_POLICY, policy or {}), clock=FakeClock(), seed=7, **kwargs
+            model_list, policy=_merge(FAST_POLICY, policy or {}), clock=clock or FakeClock(), seed=7, **kwargs
         )
         made.append(router)
         return router
@@ -231,3 +237,38 @@ async def test_a_group_whose_mode_cannot_serve_the_operation_is_refused(build, s
         await router.atranscription(model="g", file=("a.mp3", AUDIO))
     assert err.value.field == "model_info.mode"
     assert sim.count() == 0
+
+
+@pytest.mark.parametrize("operation", OPERATIONS)
+async def test_a_silent_provider_is_bounded_by_the_attempt_timeout(build, sim, operation):
+    router = build(
+        operation,
+        {"g": ["a"], "backup": ["b"]},
+        fallbacks=[{"g": ["backup"]}],
+        policy={"deadline": 5, "attempt_timeout": 1},
+        clock=Clock(),
+    )
+    sim.set_default("a", Fault.silence(max_hold=10))
+    t0 = time.monotonic()
+    resp = await call_for(router, operation)("g")
+    assert time.monotonic() - t0 < 3
+    rep = get_report(resp)
+    assert rep is not None and rep.served_group == "backup"
+    assert rep.attempts[0].error_class is ErrorClass.TIMEOUT
+
+
+@pytest.mark.parametrize("operation", ["transcription", "moderation", "rerank"])
+async def test_the_idempotency_store_replays_with_litellms_type(build, sim, operation):
+    router = build(operation, {"g": ["a"]}, idempotency_store="memory")
+    first = await call_for(router, operation)("g")
+    again = await call_for(router, operation)("g")
+    assert sim.count("a") == 1
+    assert type(again) is type(first) and get_report(again).replayed  # type: ignore[union-attr]
+    assert again.model_dump(exclude={"id"}) == first.model_dump(exclude={"id"})
+
+
+async def test_speech_is_not_kept_by_the_idempotency_store(build, sim):
+    router = build("speech", {"g": ["a"]}, idempotency_store="memory")
+    for _ in range(2):
+        assert (await call_for(router, "speech")("g")).content == speech_bytes("a", "Hello there")
+    assert sim.count("a") == 2  # audio bytes have no JSON to replay: each call sends
