@@ -25,7 +25,13 @@ from typing import Any
 
 from aiohttp import web
 
-from llm_resilience_plugin.testing._intake import Admissions, Intake, Rejection, read_request
+from llm_resilience_plugin.testing._intake import (
+    REDACTED_HEADERS,
+    Admissions,
+    Intake,
+    Rejection,
+    read_request,
+)
 from llm_resilience_plugin.testing._messages import JSONDict, estimate_tokens
 from llm_resilience_plugin.testing._state import SimulatorState
 from llm_resilience_plugin.testing._writers import Call, send_json
@@ -50,10 +56,7 @@ async def _read_multipart(request: web.Request) -> Intake:
     if not request.content_type.startswith("multipart/"):
         return await read_request(request)
     started = time.monotonic()
-    headers = {
-        k.lower(): ("***" if k.lower() in ("authorization", "api-key") else v)
-        for k, v in request.headers.items()
-    }
+    headers = {k.lower(): ("***" if k.lower() in REDACTED_HEADERS else v) for k, v in request.headers.items()}
     body: JSONDict = {}
     form = await request.post()
     for key, value in form.items():
