@@ -356,15 +356,23 @@ class AudioMixin:
         """Each ``(group, messages)`` one resilient call, all at once; failures in place (a
         ConfigError, the same for every element and raised before its request, is raised)."""
 
-        async def one(group: str, messages: Any) -> Any:
+        key = kwargs.get("idempotency_key")
+
+        async def one(i: int, group: str, messages: Any) -> Any:
+            # A caller's key names the whole batch: each element keys its own part of it.
+            each = (
+                kwargs if key is None else {**kwargs, "idempotency_key": f"{key}#batch-{i}-of-{len(calls)}"}
+            )
             try:
-                return await self.acompletion(group, messages, **kwargs)
+                return await self.acompletion(group, messages, **each)
             except ConfigError:
                 raise
             except Exception as error:  # returned in place, as LiteLLM's does
                 return error
 
-        results = await asyncio.gather(*(one(g, m) for g, m in calls), return_exceptions=True)
+        results = await asyncio.gather(
+            *(one(i, g, m) for i, (g, m) in enumerate(calls)), return_exceptions=True
+        )
         for r in results:
             if isinstance(r, BaseException) and not isinstance(r, Exception):
                 raise r  # cancellation and the like

@@ -112,3 +112,17 @@ async def test_an_unknown_group_raises_before_any_request(sim, make_router):
     with pytest.raises(Exception, match="nope"):
         await router.abatch_completion(models=["g", "nope"], messages=MSG)
     assert sim.count() == 0
+
+
+async def test_a_callers_idempotency_key_keys_each_element_apart(sim, make_router):
+    router = make_router({"g": ["a"]}, idempotency_store="memory")
+    conversations = [[{"role": "user", "content": f"question {i}"}] for i in range(2)]
+    first = await router.abatch_completion_one_model_multiple_requests(
+        model="g", messages=conversations, idempotency_key="job-7"
+    )
+    again = await router.abatch_completion_one_model_multiple_requests(
+        model="g", messages=conversations, idempotency_key="job-7"
+    )
+    assert all(isinstance(r, litellm.ModelResponse) for r in first + again)
+    assert sim.count("a") == 2  # each element sent once, then replayed
+    assert [get_report(r).replayed for r in again] == [True, True]  # type: ignore[union-attr]
