@@ -8,9 +8,11 @@ Runnable (:mod:`llm_resilience_plugin.langchain`); tests plug in their own.
 
 **Operations.** A call is one *operation* (``CallState.operation``), named after LiteLLM's
 function without the ``a``: ``"completion"`` (chat, the default), ``"embedding"``,
-``"text_completion"``, ``"image_generation"`` or ``"responses"``. The engine is the same for all
-of them: what it calls ``messages`` is the operation's payload, sent as the keyword
-``PAYLOAD_KEYS[operation]`` (``messages``, ``input`` or ``prompt``). A dispatcher sends an
+``"text_completion"``, ``"image_generation"``, ``"responses"``, ``"transcription"``, ``"speech"``,
+``"moderation"`` or ``"rerank"``. The engine is the same for all of them: what it calls
+``messages`` is the operation's payload, sent as the keyword ``PAYLOAD_KEYS[operation]``
+(``messages``, ``input``, ``prompt``, ``file`` or ``query``; a rerank's ``documents`` ride in its
+kwargs). A dispatcher sends an
 attempt with LiteLLM's function for ``attempt.call.operation`` (``Router.aembedding`` for
 ``"embedding"``, ``litellm.aembedding`` for a direct dispatcher) and raises a ConfigError for an
 operation it cannot send. ``STREAMING_OPERATIONS`` are the ones whose ``stream=True`` LiteLLM
@@ -28,6 +30,10 @@ PAYLOAD_KEYS: dict[str, str] = {
     "text_completion": "prompt",
     "image_generation": "prompt",
     "responses": "input",
+    "transcription": "file",
+    "speech": "input",
+    "moderation": "input",
+    "rerank": "query",
 }
 CHAT = "completion"
 STREAMING_OPERATIONS = frozenset({"completion", "text_completion", "responses"})

@@ -37,6 +37,17 @@ _FINGERPRINT_KEYS = (
     "frequency_penalty",
     "logit_bias",
     "user",
+    # the other endpoints' answer-shaping arguments (transcription, speech, rerank)
+    "documents",
+    "top_n",
+    "rank_fields",
+    "return_documents",
+    "voice",
+    "speed",
+    "instructions",
+    "language",
+    "prompt",
+    "timestamp_granularities",
 )
 
 

@@ -37,6 +37,7 @@ UNKNOWN_MAX_OUTPUT = 32_768
 
 # Deployment modes whose calls produce no output tokens (nothing to bound).
 _NO_OUTPUT = frozenset({"embedding", "rerank", "moderation", "audio_transcription"})
+_UNIT_MODES = frozenset({"audio_speech", "audio_transcription", "rerank"})
 
 TokenCounter = Callable[[str, list[dict[str, Any]]], int]
 PriceResolver = Callable[[str], Any]
@@ -118,7 +119,7 @@ class CostEstimator:
     def check_deployments(self, deployments: Iterable[DeploymentInfo]) -> list[str]:
         """Price each deployment (``ConfigError`` for an unknown price under
         ``unknown_model="error"``, as :meth:`bind_router`); the ids with no bound on output."""
-        from llm_resilience_plugin.cost._operations import image_price
+        from llm_resilience_plugin.cost._operations import image_price, unit_priced
 
         unbounded: list[str] = []
         for d in deployments:
@@ -126,6 +127,8 @@ class CostEstimator:
             if mode == "image_generation":
                 image_price(d, None, None)  # priced per image, not per token
                 continue
+            if (mode is None or mode in _UNIT_MODES) and unit_priced(d):
+                continue  # priced per character, second or query (speech, transcription, rerank)
             price = self.prices.for_deployment(d)
             if mode not in _NO_OUTPUT and self.default_max_tokens is None and not price.max_output_tokens:
                 # Bounded by UNKNOWN_MAX_OUTPUT when a call sets no max_tokens (check warns).

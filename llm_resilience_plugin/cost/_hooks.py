@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from llm_resilience_plugin.cost._estimate import CostEstimator
-from llm_resilience_plugin.cost._operations import PER_IMAGE, images_made, reserve_arguments
+from llm_resilience_plugin.cost._operations import PER_IMAGE, PER_UNIT, images_made, reserve_arguments
 from llm_resilience_plugin.cost._prices import Candidate, is_number
 from llm_resilience_plugin.cost._tickets import Ticket
 from llm_resilience_plugin.errors import ConfigError, Failure
@@ -130,7 +130,7 @@ class RouterHooks:
         if max_tokens is None:
             max_tokens = kwargs.get("max_completion_tokens")
         run_id = md.get("run_id") or md.get("root_run_id")
-        if info.operation != "completion":  # embeddings, text completions, images, Responses
+        if info.operation != "completion":  # embeddings, text completions, images, audio, ...
             args = reserve_arguments(
                 info.operation,
                 info.messages,
@@ -185,6 +185,8 @@ class RouterHooks:
         pt, ct = token_usage(response, usage)
         if token.fallback_price.source == PER_IMAGE:  # priced per image, not per token
             pt, ct = images_made(response), 0
+        elif token.fallback_price.source == PER_UNIT:  # per character/second/query: no tokens
+            pt, ct = None, None
         self.settle(
             token,
             cost=reported if is_number(reported) else None,

@@ -1,13 +1,18 @@
-"""What the cost guard reserves for the router's other operations: embeddings (input tokens only),
-text completions (input tokens + the output limit per prompt and per ``n``/``best_of``
-completion) and Responses calls (input and instructions tokens + ``max_output_tokens``), image
-generations (per image, by size and quality). Chat calls keep the guard's own path; settlement
+"""What the cost guard reserves for the router's other operations: embeddings and moderations
+(input tokens only), text completions (input tokens + the output limit per prompt and per
+``n``/``best_of`` completion) and Responses calls (input and instructions tokens +
+``max_output_tokens``), image generations (per image, by size and quality), and per unit where
+LiteLLM's price map prices one: speech per input character, transcription per second of audio
+(estimated from the upload's size at 16 kbit/s, the lowest common speech bitrate, so rather too
+much than too little), rerank per query (a Cohere search unit: up to 100 documents); else by
+tokens of the text sent. Chat calls keep the guard's own path; settlement
 is the same for all (the provider's reported cost, else usage x price, else the estimate).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +30,71 @@ def _number(value: Any) -> float | None:
 
 # The Price.source of a per-image candidate: its "input token" is one image.
 PER_IMAGE = "per_image"
+# The Price.source of a per-unit candidate (a character, a second, a query): settled from the
+# provider's reported cost, else the estimate.
+PER_UNIT = "per_unit"
+
+# The price-map field that prices one unit of each unit-priced operation.
+UNIT_FIELDS = {
+    "speech": "input_cost_per_character",
+    "transcription": "input_cost_per_second",
+    "rerank": "input_cost_per_query",
+}
+_AUDIO_BYTES_PER_SECOND = 2000  # 16 kbit/s
+_DOCUMENTS_PER_QUERY = 100  # Cohere's search unit
+
+
+def unit_price(d: DeploymentInfo, operation: str) -> float | None:
+    """Dollars per unit of ``operation`` for a deployment (its own ``model_info`` field, else
+    LiteLLM's price map for its model), or None when neither prices one."""
+    import litellm
+
+    field = UNIT_FIELDS.get(operation)
+    if field is None:
+        return None
+    params = d.params or {}
+    own = _number(params.get(field))
+    if own is not None:
+        return own
+    model = str(params.get("base_model") or params.get("model") or d.model)
+    for name in (model, model.rpartition("/")[2]):
+        info = litellm.model_cost.get(name)
+        if isinstance(info, Mapping):
+            price = _number(info.get(field))
+            if price is not None:
+                return price
+    return None
+
+
+def unit_priced(d: DeploymentInfo) -> bool:
+    """Is the deployment priced per character, second or query (not per token)?"""
+    return any(unit_price(d, op) is not None for op in UNIT_FIELDS)
+
+
+def units(operation: str, payload: Any, kwargs: Mapping[str, Any]) -> int:
+    """How many units an attempt of a unit-priced operation is billed (at least one)."""
+    if operation == "speech":
+        return max(1, len(payload) if isinstance(payload, str) else 1)
+    if operation == "transcription":
+        data = payload[1] if isinstance(payload, tuple) and len(payload) > 1 else payload
+        size = len(data) if isinstance(data, bytes | bytearray) else 0
+        return max(1, math.ceil(size / _AUDIO_BYTES_PER_SECOND))
+    documents = kwargs.get("documents")
+    count = len(documents) if isinstance(documents, list) else 1
+    return max(1, math.ceil(count / _DOCUMENTS_PER_QUERY))
+
+
+def _sent_text(operation: str, payload: Any, kwargs: Mapping[str, Any]) -> str:
+    """The text a speech, rerank or transcription attempt sends (for a per-token price)."""
+    if operation == "rerank":
+        docs = kwargs.get("documents") or []
+        return "\n".join(
+            [str(payload), *(d if isinstance(d, str) else json.dumps(d, default=str) for d in docs)]
+        )
+    if operation == "transcription":
+        prompt = kwargs.get("prompt")
+        return prompt if isinstance(prompt, str) else ""
+    return payload if isinstance(payload, str) else ""
 
 
 def payload_text(payload: Any) -> str:
@@ -133,9 +203,25 @@ def reserve_arguments(
             for d in deployments
         ]
         return {"candidates": per_image, "prompt_tokens": images, "max_tokens": 0}
+    if operation in UNIT_FIELDS:
+        prices = [unit_price(d, operation) for d in deployments]
+        if deployments and all(p is not None for p in prices):
+            per_unit = [
+                (d.id, d.model, Price(p or 0.0, 0.0, PER_UNIT))
+                for d, p in zip(deployments, prices, strict=True)
+            ]
+            return {
+                "candidates": per_unit,
+                "prompt_tokens": units(operation, payload, kwargs),
+                "max_tokens": 0,
+            }
+        text = _sent_text(operation, payload, kwargs)
+        # a transcription's output is text of unknown length: the model's output limit bounds it
+        out = kwargs.get("max_tokens") if operation == "transcription" else 0
+        return {"candidates": candidates(), "text": text, "max_tokens": out}
     ids = _token_ids(payload)
     counted: dict[str, Any] = {"prompt_tokens": ids} if ids is not None else {"text": payload_text(payload)}
-    if operation == "embedding":  # input tokens only
+    if operation in ("embedding", "moderation"):  # input tokens only
         return {"candidates": candidates(), **counted, "max_tokens": 0}
     if operation == "responses":
         instructions = kwargs.get("instructions")

@@ -242,7 +242,7 @@ class CallRunner:
 
     async def _complete(self, ctx: CallState, group: str, messages: Any, kwargs: dict[str, Any]) -> Any:
         store = self.store
-        if store is None:
+        if store is None or ctx.operation in _NOT_STORED:
             return await walk_routes(self.engine, ctx, group, messages, kwargs)
         given = ctx.report.idempotency_key
         assert given is not None  # set in open_call whenever a store is configured
@@ -339,6 +339,10 @@ class CallRunner:
         return result
 
 
+# Operations whose answers the idempotency store cannot keep (speech: audio bytes, no JSON).
+_NOT_STORED = frozenset({"speech"})
+
+
 def _call_secrets(kwargs: Mapping[str, Any]) -> SecretHold | None:
     """The call's own credentials (a per-call ``api_key``, ``aws_*``, header values), held for
     scrubbing from its errors, reports and logs while it runs; None when it brings none."""
@@ -348,13 +352,17 @@ def _call_secrets(kwargs: Mapping[str, Any]) -> SecretHold | None:
 
 def response_type(operation: str) -> Any:
     """LiteLLM's response class of an operation (a stored answer is replayed as one)."""
-    from litellm.types.llms.openai import ResponsesAPIResponse
+    from litellm.types.llms.openai import OpenAIModerationResponse, ResponsesAPIResponse
+    from litellm.types.rerank import RerankResponse
 
     return {
         "embedding": litellm.EmbeddingResponse,
         "text_completion": litellm.TextCompletionResponse,
         "image_generation": litellm.ImageResponse,
         "responses": ResponsesAPIResponse,
+        "transcription": litellm.TranscriptionResponse,
+        "moderation": OpenAIModerationResponse,
+        "rerank": RerankResponse,
     }.get(operation, litellm.ModelResponse)
 
 

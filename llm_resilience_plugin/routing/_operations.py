@@ -22,6 +22,7 @@ from llm_resilience_plugin._engine.dispatch import PAYLOAD_KEYS, STREAMING_OPERA
 from llm_resilience_plugin.errors import ConfigError, ErrorClass
 from llm_resilience_plugin.events import REPORT_KEY, CallReport, Listener, attach_report, hidden_params_of
 from llm_resilience_plugin.routing._batches import batch_concurrency, run_batches
+from llm_resilience_plugin.routing._operations_audio import AUDIO_MODES
 from llm_resilience_plugin.routing._streams import SyncResilientStream
 
 if TYPE_CHECKING:
@@ -36,6 +37,7 @@ MODES: dict[str, frozenset[str]] = {
     "text_completion": frozenset({"completion", "chat"}),
     "image_generation": frozenset({"image_generation"}),
     "responses": frozenset({"responses", "chat"}),
+    **AUDIO_MODES,  # transcription, speech, moderation, rerank (``_operations_audio``)
 }
 
 
@@ -287,7 +289,8 @@ class EndpointsMixin:
 
     def check_call(self, operation: str, group: str) -> None:
         """Raise a ConfigError unless ``group`` (and its fallbacks) can serve ``operation``
-        (``"embedding"``, ``"text_completion"``, ``"image_generation"`` or ``"responses"``)."""
+        (``"embedding"``, ``"text_completion"``, ``"image_generation"``, ``"responses"``,
+        ``"transcription"``, ``"speech"``, ``"moderation"`` or ``"rerank"``)."""
         if operation not in MODES:
             raise ConfigError("operation", f"expected one of {sorted(MODES)}, got {operation!r}")
         self.calls.check_group(group)

@@ -62,6 +62,7 @@ from llm_resilience_plugin.routing._model_list import (
     with_readable_ids,
 )
 from llm_resilience_plugin.routing._operations import EndpointsMixin
+from llm_resilience_plugin.routing._operations_audio import AudioMixin
 from llm_resilience_plugin.routing._shared import SharedWiring
 from llm_resilience_plugin.routing._shutdown import DEFAULT_GRACE
 from llm_resilience_plugin.routing._streams import ResilientStream, StaticStream, SyncResilientStream
@@ -75,11 +76,13 @@ def _release(sync: SyncRunner) -> None:
     sync.close()
 
 
-class ResilientRouter(EndpointsMixin):
+class ResilientRouter(EndpointsMixin, AudioMixin):
     """LiteLLM's Router with tenacity retries, per-deployment breakers, fallbacks and deadlines.
 
     Chat (``acompletion``) and, from :class:`EndpointsMixin`, ``aembedding``,
-    ``atext_completion``, ``aimage_generation`` and ``aresponses`` with their blocking twins.
+    ``atext_completion``, ``aimage_generation`` and ``aresponses``; from :class:`AudioMixin`,
+    ``atranscription``, ``aspeech``, ``amoderation``, ``arerank`` (each with its blocking twin)
+    and the batch completions.
 
     Build it from the same arguments as ``litellm.Router`` (``model_list``, ``fallbacks``,
     ``routing_strategy``, ...) plus ``policy``; or :meth:`from_config` a LiteLLM proxy YAML.

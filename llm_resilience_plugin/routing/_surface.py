@@ -37,6 +37,17 @@ RESILIENT = frozenset(
         "image_generation",
         "aresponses",
         "responses",
+        "atranscription",
+        "transcription",
+        "aspeech",
+        "speech",
+        "amoderation",
+        "moderation",
+        "arerank",
+        "rerank",
+        "abatch_completion",
+        "abatch_completion_one_model_multiple_requests",
+        "abatch_completion_fastest_response",
         "from_config",
     }
 )
@@ -99,10 +110,9 @@ PASS_THROUGH_FAMILIES: dict[str, str] = {
     "assistants": r"^a?(create_assistants|get_assistants|delete_assistant|create_thread|get_thread|"
     r"get_messages|run_thread)$|^a_add_message$",
     "stored responses": r"^a?(get|delete|cancel|compact)_responses$|^alist_input_items$",
-    "other endpoints": r"^a?(transcription|speech|moderation|rerank|ocr|search|image_edit|"
+    "other endpoints": r"^a?(ocr|search|image_edit|"
     r"generate_content(_stream)?|adapter_completion|adapter_generate_content|anthropic_messages|"
     r"extraction|guardrail|llm_passthrough_route|systemone)$",
-    "batch completion": r"^abatch_completion\w*$",
 }
 _FAMILIES = [(family, re.compile(pattern)) for family, pattern in PASS_THROUGH_FAMILIES.items()]
 

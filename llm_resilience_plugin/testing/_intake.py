@@ -115,15 +115,17 @@ class Admissions:
         tokens_of: Callable[[JSONDict], int],
         answer: Answer,
         error: Answer = send_behavior_error,
+        read: Callable[[web.Request], Awaitable[Intake]] = read_request,
     ) -> web.StreamResponse:
-        """One exchange: ``check`` may refuse the request, ``tokens_of`` estimates its prompt (for
-        the context window), ``answer`` writes a success and ``error`` an ``http_error``."""
+        """One exchange: ``read`` reads it (JSON by default; multipart for audio uploads),
+        ``check`` may refuse it, ``tokens_of`` estimates its prompt (for the context window),
+        ``answer`` writes a success and ``error`` an ``http_error``."""
         task = asyncio.current_task()
         if task is not None:
             self.active.add(task)
         record: MutableRecord | None = None
         try:
-            intake = await read_request(request)
+            intake = await read(request)
             rejection = check(intake)
             if rejection is not None:
                 record = MutableRecord(

@@ -59,7 +59,9 @@ segment), ``POST /v1/chat/completions`` and ``POST /chat/completions`` (the depl
 body's ``model``), ``POST /{deployment}/chat/completions``, ``GET /{deployment}/v1/models``,
 ``GET /v1/models`` and ``GET /health``; ``POST .../embeddings``, ``.../completions``,
 ``.../images/generations`` and ``.../responses`` (same prefixes, same faults, see
-:mod:`._endpoints`; ``set_embedding_dimension(deployment, n)`` sets a deployment's vector length);
+:mod:`._endpoints`), ``.../audio/transcriptions`` (multipart), ``.../audio/speech`` (audio bytes),
+``.../moderations`` and Cohere's ``.../v1/rerank`` (see :mod:`._audio`);
+``set_embedding_dimension(deployment, n)`` sets a deployment's vector length;
 ``POST /{deployment}/v1/messages`` in Anthropic's Messages dialect (``anthropic_base(deployment)``,
 see :mod:`._anthropic`) and Azure OpenAI's path (see :mod:`._azure`), with the same faults.
 Only model requests are logged.  A body that is not a JSON
@@ -201,6 +203,7 @@ from aiohttp import web
 
 from llm_resilience_plugin import _env
 from llm_resilience_plugin.testing._anthropic import AnthropicEndpoints
+from llm_resilience_plugin.testing._audio import AudioEndpoints
 from llm_resilience_plugin.testing._azure import add_azure_routes
 from llm_resilience_plugin.testing._endpoints import OtherEndpoints
 from llm_resilience_plugin.testing._fault_routes import add_fault_routes
@@ -318,6 +321,7 @@ class ProviderSimulator:
         AnthropicEndpoints(self._state, self._endpoints.active).add_routes(app)
         self._endpoints.add_routes(app)
         self._other.add_routes(app)
+        AudioEndpoints(self._state, self._endpoints.active).add_routes(app)  # audio, moderation, rerank
         runner = web.AppRunner(
             app,
             access_log=None,

@@ -82,8 +82,13 @@ def test_machinery_names_say_where_they_are(sim, make_router) -> None:
     assert not hasattr(router, "fallbacks")  # the plugin's own: router.spec
 
 
-async def test_a_pass_through_endpoint_is_one_request_through_the_wrapped_router(sim, make_router) -> None:
-    """abatch_completion: the Router's own fan-out, each request once (no retries: documented)."""
+async def test_batch_completion_is_resilient_not_a_pass_through(sim, make_router) -> None:
+    """abatch_completion: each element one resilient call (retried; tests/integration/
+    test_batch_completion.py has the rest)."""
+    from llm_resilience_plugin.testing import Fault
+
     router = make_router({"g": ["a"]})
+    sim.script("a", Fault.server_error(500))
     got = await router.abatch_completion(models=["g"], messages=[{"role": "user", "content": "hi"}])
     assert got[0].choices[0].message.content
+    assert sim.count("a") == 2  # the 500 retried by the engine
