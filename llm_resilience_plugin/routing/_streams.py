@@ -22,6 +22,7 @@ import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any, cast
 
+from llm_resilience_plugin import _litellm
 from llm_resilience_plugin._engine.watchdog import AttemptWatchdog
 from llm_resilience_plugin.errors import Failure, StreamInterruptedError
 from llm_resilience_plugin.events import CallReport, StreamBreak, StreamRestart, hidden_params_of
@@ -45,19 +46,34 @@ if TYPE_CHECKING:
     from llm_resilience_plugin.routing._sse_skip import EventSkipper
 
 
+UNFINISHED = (
+    "stream ended without the provider's finish; LiteLLM supplied 'stop' (an event it could not "
+    "decode swallowed the rest: truncated answer)"
+)
+
+
 class Prefetched:
     """A LiteLLM stream with its leading chunks already read (inside the attempt)."""
 
-    def __init__(self, stream: Any, buffered: list[Any], done: bool) -> None:
+    def __init__(
+        self, stream: Any, buffered: list[Any], done: bool, witness: Callable[[], bool] | None = None
+    ) -> None:
         self.stream = stream
         self.buffered = buffered
         self.done = done
+        # where LiteLLM may supply a finish the provider never sent: did the provider send one?
+        self.witness = witness
         self.skipper: EventSkipper | None = None  # drops one invalid SSE event in place, if set
+
+    def unfinished(self) -> bool:
+        """Did the stream end on a finish LiteLLM made up (the provider sent none)?"""
+        return self.witness is not None and not self.witness()
 
 
 async def prefetch_stream(stream: Any) -> Prefetched:
     """Read up to the first chunk with a payload; a stream that ends before one is a failure."""
     buffered: list[Any] = []
+    witness = _litellm.finish_witness(stream)
     it = stream.__aiter__()
     while True:
         try:
@@ -65,10 +81,13 @@ async def prefetch_stream(stream: Any) -> Prefetched:
         except StopAsyncIteration:
             if not any(chunk_has_payload(c) for c in buffered):
                 raise ConnectionError("stream ended before any content") from None
-            return Prefetched(stream, buffered, done=True)
+            pre = Prefetched(stream, buffered, True, witness)
+            if pre.unfinished():
+                raise ConnectionError(UNFINISHED) from None
+            return pre
         buffered.append(chunk)
         if chunk_has_payload(chunk):
-            return Prefetched(stream, buffered, done=False)
+            return Prefetched(stream, buffered, False, witness)
 
 
 def usage_to_hidden_params(shown: Any, usage_chunk: Any) -> None:
@@ -168,6 +187,8 @@ class ResilientStream:
         self._on_end: Callable[[ResilientStream], None] | None = None  # records a recovery
         self._held: ResilientStream | StaticStream | None = None  # a replay held back, unverified
         self._left = False  # the caller closed the stream (maybe from another task or thread)
+        self._reading: asyncio.Task[Any] | None = None  # the task awaiting the source's next chunk
+        self._cut_read: asyncio.Task[Any] | None = None  # that read, cancelled by aclose()
         self.cost: float | None = None  # this attempt's own cost, as its chunks report it
         self.report = live.report
         self.report.ttft_s = live.ttft
@@ -255,11 +276,18 @@ class ResilientStream:
                 it = self._pre.stream.__aiter__()
                 last = live.now()
                 while True:
+                    self._reading = asyncio.current_task()
                     try:
                         with AttemptWatchdog(live.idle_limit(), "stream idle"):
                             chunk = await it.__anext__()
                     except StopAsyncIteration:
                         break
+                    except asyncio.CancelledError:
+                        if self._cut_read is None or not self._ends_cut_read():
+                            raise
+                        return  # closed from another task or thread: the reader's loop just ends
+                    finally:
+                        self._reading = None
                     now = live.now()
                     self._max_gap, last = max(self._max_gap, now - last), now
                     self._observe(chunk)
@@ -270,6 +298,8 @@ class ResilientStream:
                     yield chunk
             if self._finish_reason is None:
                 raise ConnectionError("stream ended without a finish_reason (truncated answer)")
+            if self._pre.unfinished():
+                raise ConnectionError(UNFINISHED)
         except (GeneratorExit, asyncio.CancelledError):
             self._close_cancelled()
             raise
@@ -535,8 +565,25 @@ class ResilientStream:
             if nxt is not None:
                 await nxt.aclose()
         await self._close_source()
+        self._cut_reader()
         if self.watch is not None:
             self.watch.end()
+
+    def _cut_reader(self) -> None:
+        """End a read still waiting on the source after its close: some LiteLLM streams (the
+        Router's fallback wrapper, an async generator) cannot be closed while another task reads
+        them, which would read the answer to its end. The read is cancelled; the reader's loop ends."""
+        reader = self._reading
+        if reader is not None and reader is not asyncio.current_task() and not reader.done():
+            self._cut_read = reader
+            reader.cancel()
+
+    def _ends_cut_read(self) -> bool:
+        """Was the cancellation just caught :meth:`_cut_reader`'s (and no one else's)?"""
+        task, self._cut_read = self._cut_read, None
+        if task is None or task is not asyncio.current_task():
+            return False
+        return task.uncancel() == 0
 
 
 class StaticStream:
