@@ -23,7 +23,8 @@ from typing import Any
 from llm_resilience_plugin import _env  # noqa: F401  (must run before litellm is imported)
 
 # The LiteLLM versions the plugin supports (pyproject.toml says the same; 1.82.7 and 1.82.8 were
-# compromised releases, kept out by the floor).
+# compromised releases, kept out by the floor). 1.105.0 is the oldest release the unit and
+# integration suites pass on (docs/litellm-versions.md).
 FLOOR = (1, 105, 0)
 CEILING = (2, 0, 0)
 SUPPORTED = ">=1.105.0,<2"

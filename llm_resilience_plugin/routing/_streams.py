@@ -157,6 +157,50 @@ def _record_end(live: LiveAttempt, brk: StreamBreak, waited: float, stream: Resi
     live.record_break(dataclasses.replace(brk, wait_s=waited, extra_tokens=extra, extra_cost=cost))
 
 
+class ReadCut:
+    """The task reading a stream's source, and a cut of that read: some LiteLLM streams (the
+    Router's fallback wrapper, an async generator) cannot be closed while another task reads
+    them, which would read the answer to its end. A close cancels the read instead."""
+
+    __slots__ = ("_cut", "reading")
+
+    def __init__(self) -> None:
+        self.reading: asyncio.Task[Any] | None = None  # the task awaiting the source's next chunk
+        self._cut: asyncio.Task[Any] | None = None  # that read, cancelled by cut()
+
+    def cut(self) -> None:
+        """Cancel a read still waiting on the source (from another task; after the source's close)."""
+        reader = self.reading
+        if reader is not None and reader is not asyncio.current_task() and not reader.done():
+            self._cut = reader
+            reader.cancel()
+
+    def ended(self) -> bool:
+        """Was the cancellation just caught :meth:`cut`'s (and no one else's)? Then it is undone."""
+        task, self._cut = self._cut, None
+        if task is None or task is not asyncio.current_task():
+            return False
+        return task.uncancel() == 0
+
+
+async def verify_replay(it: AsyncIterator[Any], delivered: str) -> tuple[list[Any], bool]:
+    """Read a replay until its text covers ``delivered``, parts from it or finishes: (its
+    chunks after what the caller has, is it the same so far?). A finish is never read past
+    here, so a replay that falls short has not ended (nor published the call's report)."""
+    held: list[Any] = []
+    text = ""
+    async for chunk in it:
+        held.append(chunk)
+        text += chunk_text(chunk)
+        if len(text) < len(delivered) and chunk_has_tool_call(chunk):
+            return held, False  # the caller saw text where the replay calls a tool
+        if len(text) >= len(delivered) or not delivered.startswith(text) or chunk_finish(chunk):
+            break
+    if not text.startswith(delivered):
+        return held, False
+    return _rest_after(held, len(delivered)), True
+
+
 class ResilientStream:
     """An async iterator of LiteLLM chunks (see the module docstring for the guarantees). It only
     relays chunks: accounting and recovery are the engine's, through its :class:`LiveAttempt`."""
@@ -187,8 +231,7 @@ class ResilientStream:
         self._on_end: Callable[[ResilientStream], None] | None = None  # records a recovery
         self._held: ResilientStream | StaticStream | None = None  # a replay held back, unverified
         self._left = False  # the caller closed the stream (maybe from another task or thread)
-        self._reading: asyncio.Task[Any] | None = None  # the task awaiting the source's next chunk
-        self._cut_read: asyncio.Task[Any] | None = None  # that read, cancelled by aclose()
+        self._reads = ReadCut()  # ends a read aclose() (from another task) could not stop
         self.cost: float | None = None  # this attempt's own cost, as its chunks report it
         self.report = live.report
         self.report.ttft_s = live.ttft
@@ -276,18 +319,18 @@ class ResilientStream:
                 it = self._pre.stream.__aiter__()
                 last = live.now()
                 while True:
-                    self._reading = asyncio.current_task()
+                    self._reads.reading = asyncio.current_task()
                     try:
                         with AttemptWatchdog(live.idle_limit(), "stream idle"):
                             chunk = await it.__anext__()
                     except StopAsyncIteration:
                         break
                     except asyncio.CancelledError:
-                        if self._cut_read is None or not self._ends_cut_read():
+                        if not self._reads.ended():
                             raise
                         return  # closed from another task or thread: the reader's loop just ends
                     finally:
-                        self._reading = None
+                        self._reads.reading = None
                     now = live.now()
                     self._max_gap, last = max(self._max_gap, now - last), now
                     self._observe(chunk)
@@ -367,7 +410,7 @@ class ResilientStream:
             else:
                 self._held = nxt  # what aclose() must close while it is held back
                 try:
-                    rest, same = await self._verify(it, delivered)
+                    rest, same = await verify_replay(it, delivered)
                 except StreamInterruptedError as err:  # the replay broke too, with no way left
                     if self._left:  # ... because the caller closed it: the loop just ends
                         return
@@ -415,23 +458,6 @@ class ResilientStream:
             self.report,
             replacement,
         ) from exc
-
-    async def _verify(self, it: AsyncIterator[Any], delivered: str) -> tuple[list[Any], bool]:
-        """Read a replay until its text covers ``delivered``, parts from it or finishes: (its
-        chunks after what the caller has, is it the same so far?). A finish is never read past
-        here, so a replay that falls short has not ended (nor published the call's report)."""
-        held: list[Any] = []
-        text = ""
-        async for chunk in it:
-            held.append(chunk)
-            text += chunk_text(chunk)
-            if len(text) < len(delivered) and chunk_has_tool_call(chunk):
-                return held, False  # the caller saw text where the replay calls a tool
-            if len(text) >= len(delivered) or not delivered.startswith(text) or chunk_finish(chunk):
-                break
-        if not text.startswith(delivered):
-            return held, False
-        return _rest_after(held, len(delivered)), True
 
     async def _resumed(self, recovered: Recovered) -> AsyncIterator[Any]:
         """The rest of the answer. A restart that repeats what the caller already has word for
@@ -565,25 +591,9 @@ class ResilientStream:
             if nxt is not None:
                 await nxt.aclose()
         await self._close_source()
-        self._cut_reader()
+        self._reads.cut()
         if self.watch is not None:
             self.watch.end()
-
-    def _cut_reader(self) -> None:
-        """End a read still waiting on the source after its close: some LiteLLM streams (the
-        Router's fallback wrapper, an async generator) cannot be closed while another task reads
-        them, which would read the answer to its end. The read is cancelled; the reader's loop ends."""
-        reader = self._reading
-        if reader is not None and reader is not asyncio.current_task() and not reader.done():
-            self._cut_read = reader
-            reader.cancel()
-
-    def _ends_cut_read(self) -> bool:
-        """Was the cancellation just caught :meth:`_cut_reader`'s (and no one else's)?"""
-        task, self._cut_read = self._cut_read, None
-        if task is None or task is not asyncio.current_task():
-            return False
-        return task.uncancel() == 0
 
 
 class StaticStream:
