@@ -10,6 +10,7 @@ A LiteLLM below :data:`SUPPORTED` is an ``ImportError`` naming the supported ran
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import warnings
@@ -22,10 +23,11 @@ from typing import Any
 from llm_resilience_plugin import _env  # noqa: F401  (must run before litellm is imported)
 
 # The LiteLLM versions the plugin supports (pyproject.toml says the same; 1.82.7 and 1.82.8 were
-# compromised releases, kept out by the floor).
-FLOOR = (1, 109, 3)
+# compromised releases, kept out by the floor). 1.105.0 is the oldest release the unit and
+# integration suites pass on (docs/litellm-versions.md).
+FLOOR = (1, 105, 0)
 CEILING = (2, 0, 0)
-SUPPORTED = ">=1.109.3,<2"
+SUPPORTED = ">=1.105.0,<2"
 # Direct dispatch reproduces the Router's attempt with LiteLLM's own internal functions; it is on
 # only for the minor releases whose equivalence suite passed (tests/integration/test_direct_*.py).
 DIRECT_VERIFIED = ((1, 110),)
@@ -76,6 +78,7 @@ class Capability:
     purpose: str
     instead: str  # what the plugin does without it
     missing: str = ""  # what was not found
+    holds: bool = True  # does every resilience guarantee hold without it?
 
 
 @dataclass(frozen=True)
@@ -103,9 +106,8 @@ class Internals:
         if cap.available or name in self._warned:
             return
         self._warned.add(name)
-        message = (
-            f"litellm {self.version}: {cap.name} is not available ({cap.missing}); {cap.instead}. "
-            "Every resilience guarantee holds."
+        message = f"litellm {self.version}: {cap.name} is not available ({cap.missing}); {cap.instead}. " + (
+            "Every resilience guarantee holds." if cap.holds else "The other guarantees hold."
         )
         warnings.warn(message, CapabilityWarning, stacklevel=3)
         logger.warning(message)
@@ -192,8 +194,97 @@ def _prefill_from_model_info(model: str, provider: str | None = None) -> bool:
     return bool(info.get("supports_assistant_prefill"))
 
 
-def _capability(name: str, ok: bool, missing: str, purpose: str, instead: str) -> Capability:
-    return Capability(name, ok, purpose, instead, "" if ok else missing)
+def _capability(
+    name: str, ok: bool, missing: str, purpose: str, instead: str, holds: bool = True
+) -> Capability:
+    return Capability(name, ok, purpose, instead, "" if ok else missing, holds)
+
+
+def _run_probe(probe: Callable[[], Any]) -> Any:
+    """Run coroutine function ``probe`` on a loop of its own (a thread: the caller's loop may run)."""
+    import asyncio
+    import threading
+
+    out: list[Any] = []
+
+    def run() -> None:
+        try:
+            out.append(asyncio.run(probe()))
+        except Exception as e:  # a probe that cannot run says the capability is missing
+            out.append(e)
+
+    thread = threading.Thread(target=run, name="llm-resilience-probe", daemon=True)
+    thread.start()
+    thread.join(5.0)
+    return out[0] if out else TimeoutError("probe did not finish")
+
+
+def _single_send_capability() -> Capability:
+    """Does LiteLLM's HTTP handler (Anthropic and the other non-SDK providers) send a request
+    once? Probed offline: a transport that resets the connection, counting the sends."""
+    import httpx
+
+    try:
+        from litellm.llms.custom_httpx.http_handler import AsyncHTTPHandler
+    except ImportError as e:  # pragma: no cover - another layout
+        return _capability("single_send", False, str(e), "", "")
+    sent: list[int] = []
+
+    def reset(request: httpx.Request) -> httpx.Response:
+        sent.append(1)
+        raise httpx.RemoteProtocolError("probe: connection reset", request=request)
+
+    async def probe() -> int:
+        handler = AsyncHTTPHandler(transport=httpx.MockTransport(reset))
+        clients = [httpx.AsyncClient(transport=httpx.MockTransport(reset))]
+        handler.client = clients[0]
+
+        def fresh(*args: Any, **kwargs: Any) -> httpx.AsyncClient:
+            clients.append(httpx.AsyncClient(transport=httpx.MockTransport(reset)))
+            return clients[-1]
+
+        handler.create_client = fresh  # type: ignore[method-assign]
+        with contextlib.suppress(Exception):
+            await handler.post("http://127.0.0.1:9/probe", json={})
+        for client in clients:
+            await client.aclose()
+        return len(sent)
+
+    got = _run_probe(probe)
+    return _capability(
+        "single_send",
+        got == 1,
+        "LiteLLM's AsyncHTTPHandler.post sends a request again after a connection reset",
+        "one attempt is one request on every provider",
+        "a reset connection to Anthropic (or another provider LiteLLM calls over its own HTTP "
+        "handler) is resent once inside the attempt: the plugin sees one attempt",
+        holds=False,
+    )
+
+
+def _image_retries_capability() -> Capability:
+    """Does LiteLLM's OpenAI image generation turn the openai SDK's own retries off for the
+    Router? Found where the Router's call marks itself (``sdk_max_retries``); older releases
+    drop ``max_retries`` on that path, and the SDK retries a 429 twice inside one attempt."""
+    import inspect
+
+    try:
+        from litellm.images import main as images_main
+
+        source = inspect.getsource(images_main)
+    except (ImportError, OSError, TypeError) as e:  # pragma: no cover - no source shipped
+        source, why = "", str(e)
+    else:
+        why = "litellm.images.main passes no max_retries to the openai SDK"
+    return _capability(
+        "image_sdk_retries_off",
+        "sdk_max_retries" in source,
+        why,
+        "one image-generation attempt is one request",
+        "the openai SDK retries a 429 or 5xx of an OpenAI image generation up to twice inside "
+        "one attempt: the plugin sees the attempt's outcome only",
+        holds=False,
+    )
 
 
 @functools.cache
@@ -278,6 +369,19 @@ def internals() -> Internals:
         "a router's private-loop HTTP clients closed when it closes",
         "those clients are closed by LiteLLM's own exit hook",
     )
+    from litellm.litellm_core_utils.streaming_handler import CustomStreamWrapper
+
+    caps["eof_check"] = _capability(
+        "eof_check",
+        callable(getattr(CustomStreamWrapper, "_should_fail_on_clean_eof", None)),
+        "CustomStreamWrapper._should_fail_on_clean_eof",
+        "LiteLLM fails a stream that ends without the provider's finish (an undecodable event, "
+        "a cut Anthropic stream)",
+        "the plugin reads whether the provider sent the finish itself; a stream whose 'stop' "
+        "LiteLLM supplied is a break",
+    )
+    caps["single_send"] = _single_send_capability()
+    caps["image_sdk_retries_off"] = _image_retries_capability()
     return Internals(
         version=text,
         capabilities=caps,
@@ -402,6 +506,35 @@ def set_hidden_params(obj: Any, params: dict[str, Any]) -> None:
     obj._hidden_params = params
 
 
+def finish_witness(stream: Any) -> Callable[[], bool] | None:
+    """Where LiteLLM lets a chat stream end without the provider's finish and supplies ``stop``
+    itself (no ``eof_check``: an undecodable Anthropic event swallows the rest of the stream), a
+    function telling, once the stream has ended, whether the provider sent a finish reason.
+    None where LiteLLM checks this itself, or the stream is not LiteLLM's chat stream.
+
+    Call it on the unread stream: the Router's fallback wrapper (an async generator over the
+    provider's stream) is looked through while its frame is alive."""
+    if internals().has("eof_check"):
+        return None
+    wrapper = stream
+    for _ in range(4):  # the Router's wrapper around the provider's stream, if any
+        frame = getattr(getattr(wrapper, "completion_stream", None), "ag_frame", None)
+        inner = frame.f_locals.get("model_response") if frame is not None else None
+        if inner is None:
+            break
+        wrapper = inner
+    if not hasattr(wrapper, "received_finish_reason"):
+        return None
+
+    def finished() -> bool:
+        return (
+            getattr(wrapper, "received_finish_reason", None) is not None
+            or getattr(wrapper, "intermittent_finish_reason", None) is not None
+        )
+
+    return finished
+
+
 def sdk_stream_decoder(stream: Any) -> Any:
     """The SSE decoder of an unread ``openai.AsyncStream`` (None if not one, or already read)."""
     stream_type = internals().async_stream
@@ -453,6 +586,7 @@ __all__ = [
     "client_cache_keys",
     "count_function",
     "deployments_of",
+    "finish_witness",
     "hidden_params_of",
     "internals",
     "litellm_version",

@@ -25,7 +25,7 @@ checks=$!
 # with the count done so far ([ 812/2218]), then the 15 slowest tests and the time per kind of test
 # (tests/conftest.py). The whole script takes about 7 minutes on 2 cores (pytest alone without
 # xdist: 13); it needs about 11 minutes of CPU, so about 6 minutes is the floor on 2 cores.
-# Opt-in: LITELLM_MATRIX="1.109.3 1.110.0" then runs the unit and integration suites against
+# Opt-in: LITELLM_MATRIX="1.105.0 1.108.14" then runs the unit and integration suites against
 # those LiteLLM releases too (scripts/test_matrix.sh; ~6-10 min a release on 2 cores).
 workers=${LLM_TEST_WORKERS:-2}
 parallel=()

@@ -4,7 +4,7 @@
 # that litellm (installed --no-deps) in front of .venv's packages (scripts/setup.sh first), so a
 # leg costs one wheel download and the suites' run time.
 #   scripts/test_matrix.sh                      floor, middle and newest
-#   scripts/test_matrix.sh 1.109.3 1.110.2      these releases
+#   scripts/test_matrix.sh 1.105.7 1.110.2      these releases
 #   MATRIX_SUITES="tests/unit" scripts/test_matrix.sh   another selection of tests
 #   LANGCHAIN_CORE=1.6.1 scripts/test_matrix.sh        also a leg with langchain-core's floor
 # Tests that need a LiteLLM capability the release lacks skip naming it; nothing else skips.
@@ -13,8 +13,8 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export NO_PROXY="127.0.0.1,localhost${NO_PROXY:+,$NO_PROXY}"
 
-FLOOR=1.109.3
-MIDDLE=1.110.0
+FLOOR=1.105.0
+MIDDLE=1.108.14
 if [ "$#" -gt 0 ]; then
   versions=("$@")
 else

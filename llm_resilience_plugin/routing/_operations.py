@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import litellm
 
+from llm_resilience_plugin import _litellm
 from llm_resilience_plugin._engine.core import BeforeRetry, positive_seconds
 from llm_resilience_plugin._engine.dispatch import PAYLOAD_KEYS, STREAMING_OPERATIONS
 from llm_resilience_plugin.errors import ConfigError, ErrorClass
@@ -258,6 +259,7 @@ class EndpointsMixin:
         **kwargs: Any,
     ) -> litellm.ImageResponse:
         """Like ``litellm.Router.aimage_generation``; returns LiteLLM's ``ImageResponse``."""
+        _litellm.internals().warn_missing("image_sdk_retries_off")
         return await self._checked(  # type: ignore[no-any-return]
             "image_generation", model, prompt, False, deadline, listener, before_retry, kwargs
         )

@@ -193,6 +193,8 @@ class ResilientRouter(EndpointsMixin, AudioMixin):
         hold = SecretHold(secrets_of(spec.model_list))
         self._forget_secrets = weakref.finalize(self, hold.release)
         entries = with_readable_ids(spec.model_list)
+        for name in ("eof_check", "single_send"):  # said once: how this LiteLLM's streams and sends differ
+            _litellm.internals().warn_missing(name)
         self._router = litellm.Router(
             model_list=copy.deepcopy(entries),
             **spec.router_settings,

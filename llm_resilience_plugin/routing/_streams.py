@@ -22,6 +22,7 @@ import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any, cast
 
+from llm_resilience_plugin import _litellm
 from llm_resilience_plugin._engine.watchdog import AttemptWatchdog
 from llm_resilience_plugin.errors import Failure, StreamInterruptedError
 from llm_resilience_plugin.events import CallReport, StreamBreak, StreamRestart, hidden_params_of
@@ -45,19 +46,34 @@ if TYPE_CHECKING:
     from llm_resilience_plugin.routing._sse_skip import EventSkipper
 
 
+UNFINISHED = (
+    "stream ended without the provider's finish; LiteLLM supplied 'stop' (an event it could not "
+    "decode swallowed the rest: truncated answer)"
+)
+
+
 class Prefetched:
     """A LiteLLM stream with its leading chunks already read (inside the attempt)."""
 
-    def __init__(self, stream: Any, buffered: list[Any], done: bool) -> None:
+    def __init__(
+        self, stream: Any, buffered: list[Any], done: bool, witness: Callable[[], bool] | None = None
+    ) -> None:
         self.stream = stream
         self.buffered = buffered
         self.done = done
+        # where LiteLLM may supply a finish the provider never sent: did the provider send one?
+        self.witness = witness
         self.skipper: EventSkipper | None = None  # drops one invalid SSE event in place, if set
+
+    def unfinished(self) -> bool:
+        """Did the stream end on a finish LiteLLM made up (the provider sent none)?"""
+        return self.witness is not None and not self.witness()
 
 
 async def prefetch_stream(stream: Any) -> Prefetched:
     """Read up to the first chunk with a payload; a stream that ends before one is a failure."""
     buffered: list[Any] = []
+    witness = _litellm.finish_witness(stream)
     it = stream.__aiter__()
     while True:
         try:
@@ -65,10 +81,13 @@ async def prefetch_stream(stream: Any) -> Prefetched:
         except StopAsyncIteration:
             if not any(chunk_has_payload(c) for c in buffered):
                 raise ConnectionError("stream ended before any content") from None
-            return Prefetched(stream, buffered, done=True)
+            pre = Prefetched(stream, buffered, True, witness)
+            if pre.unfinished():
+                raise ConnectionError(UNFINISHED) from None
+            return pre
         buffered.append(chunk)
         if chunk_has_payload(chunk):
-            return Prefetched(stream, buffered, done=False)
+            return Prefetched(stream, buffered, False, witness)
 
 
 def usage_to_hidden_params(shown: Any, usage_chunk: Any) -> None:
@@ -138,6 +157,50 @@ def _record_end(live: LiveAttempt, brk: StreamBreak, waited: float, stream: Resi
     live.record_break(dataclasses.replace(brk, wait_s=waited, extra_tokens=extra, extra_cost=cost))
 
 
+class ReadCut:
+    """The task reading a stream's source, and a cut of that read: some LiteLLM streams (the
+    Router's fallback wrapper, an async generator) cannot be closed while another task reads
+    them, which would read the answer to its end. A close cancels the read instead."""
+
+    __slots__ = ("_cut", "reading")
+
+    def __init__(self) -> None:
+        self.reading: asyncio.Task[Any] | None = None  # the task awaiting the source's next chunk
+        self._cut: asyncio.Task[Any] | None = None  # that read, cancelled by cut()
+
+    def cut(self) -> None:
+        """Cancel a read still waiting on the source (from another task; after the source's close)."""
+        reader = self.reading
+        if reader is not None and reader is not asyncio.current_task() and not reader.done():
+            self._cut = reader
+            reader.cancel()
+
+    def ended(self) -> bool:
+        """Was the cancellation just caught :meth:`cut`'s (and no one else's)? Then it is undone."""
+        task, self._cut = self._cut, None
+        if task is None or task is not asyncio.current_task():
+            return False
+        return task.uncancel() == 0
+
+
+async def verify_replay(it: AsyncIterator[Any], delivered: str) -> tuple[list[Any], bool]:
+    """Read a replay until its text covers ``delivered``, parts from it or finishes: (its
+    chunks after what the caller has, is it the same so far?). A finish is never read past
+    here, so a replay that falls short has not ended (nor published the call's report)."""
+    held: list[Any] = []
+    text = ""
+    async for chunk in it:
+        held.append(chunk)
+        text += chunk_text(chunk)
+        if len(text) < len(delivered) and chunk_has_tool_call(chunk):
+            return held, False  # the caller saw text where the replay calls a tool
+        if len(text) >= len(delivered) or not delivered.startswith(text) or chunk_finish(chunk):
+            break
+    if not text.startswith(delivered):
+        return held, False
+    return _rest_after(held, len(delivered)), True
+
+
 class ResilientStream:
     """An async iterator of LiteLLM chunks (see the module docstring for the guarantees). It only
     relays chunks: accounting and recovery are the engine's, through its :class:`LiveAttempt`."""
@@ -168,6 +231,7 @@ class ResilientStream:
         self._on_end: Callable[[ResilientStream], None] | None = None  # records a recovery
         self._held: ResilientStream | StaticStream | None = None  # a replay held back, unverified
         self._left = False  # the caller closed the stream (maybe from another task or thread)
+        self._reads = ReadCut()  # ends a read aclose() (from another task) could not stop
         self.cost: float | None = None  # this attempt's own cost, as its chunks report it
         self.report = live.report
         self.report.ttft_s = live.ttft
@@ -255,11 +319,18 @@ class ResilientStream:
                 it = self._pre.stream.__aiter__()
                 last = live.now()
                 while True:
+                    self._reads.reading = asyncio.current_task()
                     try:
                         with AttemptWatchdog(live.idle_limit(), "stream idle"):
                             chunk = await it.__anext__()
                     except StopAsyncIteration:
                         break
+                    except asyncio.CancelledError:
+                        if not self._reads.ended():
+                            raise
+                        return  # closed from another task or thread: the reader's loop just ends
+                    finally:
+                        self._reads.reading = None
                     now = live.now()
                     self._max_gap, last = max(self._max_gap, now - last), now
                     self._observe(chunk)
@@ -270,6 +341,8 @@ class ResilientStream:
                     yield chunk
             if self._finish_reason is None:
                 raise ConnectionError("stream ended without a finish_reason (truncated answer)")
+            if self._pre.unfinished():
+                raise ConnectionError(UNFINISHED)
         except (GeneratorExit, asyncio.CancelledError):
             self._close_cancelled()
             raise
@@ -337,7 +410,7 @@ class ResilientStream:
             else:
                 self._held = nxt  # what aclose() must close while it is held back
                 try:
-                    rest, same = await self._verify(it, delivered)
+                    rest, same = await verify_replay(it, delivered)
                 except StreamInterruptedError as err:  # the replay broke too, with no way left
                     if self._left:  # ... because the caller closed it: the loop just ends
                         return
@@ -385,23 +458,6 @@ class ResilientStream:
             self.report,
             replacement,
         ) from exc
-
-    async def _verify(self, it: AsyncIterator[Any], delivered: str) -> tuple[list[Any], bool]:
-        """Read a replay until its text covers ``delivered``, parts from it or finishes: (its
-        chunks after what the caller has, is it the same so far?). A finish is never read past
-        here, so a replay that falls short has not ended (nor published the call's report)."""
-        held: list[Any] = []
-        text = ""
-        async for chunk in it:
-            held.append(chunk)
-            text += chunk_text(chunk)
-            if len(text) < len(delivered) and chunk_has_tool_call(chunk):
-                return held, False  # the caller saw text where the replay calls a tool
-            if len(text) >= len(delivered) or not delivered.startswith(text) or chunk_finish(chunk):
-                break
-        if not text.startswith(delivered):
-            return held, False
-        return _rest_after(held, len(delivered)), True
 
     async def _resumed(self, recovered: Recovered) -> AsyncIterator[Any]:
         """The rest of the answer. A restart that repeats what the caller already has word for
@@ -535,6 +591,7 @@ class ResilientStream:
             if nxt is not None:
                 await nxt.aclose()
         await self._close_source()
+        self._reads.cut()
         if self.watch is not None:
             self.watch.end()
 

@@ -19,7 +19,7 @@ from llm_resilience_plugin.errors import ErrorClass
 from llm_resilience_plugin.events import hidden_params_of
 from llm_resilience_plugin.testing import Clock, FakeClock, Fault, ProviderSimulator, embedding_vector
 
-from ..conftest import FAST_POLICY, _merge
+from ..conftest import FAST_POLICY, _merge, requires_capability
 
 # operation -> (model, model_info extras, the call, the response type)
 MODELS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -101,7 +101,15 @@ async def test_healthy_call_is_one_request_with_litellms_type_and_a_report(build
     assert "sk-sim-secret" not in repr(rep)
 
 
-@pytest.mark.parametrize("operation", OPERATIONS)
+@pytest.mark.parametrize(
+    "operation",
+    [
+        pytest.param(op, marks=requires_capability("image_sdk_retries_off"))
+        if op == "image_generation"
+        else op
+        for op in OPERATIONS
+    ],
+)
 async def test_429_with_retry_after_is_retried_after_the_gap(build, sim, operation):
     clock = FakeClock()
     router = build(operation, {"g": ["a"]}, clock=clock)

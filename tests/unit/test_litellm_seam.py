@@ -13,6 +13,7 @@ import ast
 import importlib.util
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -142,6 +143,9 @@ def test_capabilities_are_named_and_detected_once() -> None:
         "prefill_lookup",
         "token_count_function",
         "client_cache",
+        "eof_check",
+        "single_send",
+        "image_sdk_retries_off",
     }
     assert _litellm.internals() is _litellm.internals()
     for cap in caps.values():
@@ -150,12 +154,12 @@ def test_capabilities_are_named_and_detected_once() -> None:
 
 
 def test_a_litellm_outside_the_range_is_an_import_error_naming_it() -> None:
-    for outside in ("1.109.2", "1.108.14", "1.105.7", "1.82.8", "0.1.824", "2.0.0"):
+    for outside in ("1.104.9", "1.82.8", "1.82.7", "0.1.824", "2.0.0"):
         with pytest.raises(
-            ImportError, match=r"litellm>=1\.109\.3,<2.*litellm " + outside.replace(".", r"\.")
+            ImportError, match=r"litellm>=1\.105\.0,<2.*litellm " + outside.replace(".", r"\.")
         ):
             _litellm.check_supported(outside)
-    for inside in ("1.109.3", "1.110.2", "1.199.0rc1"):
+    for inside in ("1.105.0", "1.105.7", "1.108.14", "1.109.3", "1.110.2", "1.199.0rc1"):
         _litellm.check_supported(inside)
 
 
@@ -185,3 +189,33 @@ def test_deployments_come_from_the_public_model_list_without_a_registry() -> Non
 
     assert _litellm.deployments_of(OldRouter()) == OldRouter.model_list
     assert _litellm.shaping_of(OldRouter()) is None  # no direct dispatch, not an AttributeError
+
+
+def test_a_finish_litellm_supplied_is_told_from_the_providers() -> None:
+    """Without ``eof_check`` the plugin reads the provider's stream wrapper (looked through the
+    Router's fallback generator); with it, LiteLLM checks and there is nothing to read."""
+
+    class Wrapper:  # LiteLLM's CustomStreamWrapper, as far as the witness reads it
+        def __init__(self, finish: str | None, source: object = None) -> None:
+            self.received_finish_reason = finish
+            self.intermittent_finish_reason = None
+            self.completion_stream = source
+
+    def router_wrapper(inner: Wrapper) -> Wrapper:
+        async def stream_with_fallbacks() -> Any:  # the Router's generator over the provider's
+            async for item in model_response:  # type: ignore[attr-defined]
+                yield item
+
+        model_response = inner
+        return Wrapper(None, stream_with_fallbacks())
+
+    found = _litellm.internals()
+    if found.has("eof_check"):
+        assert _litellm.finish_witness(Wrapper(None)) is None
+        return
+    provider = Wrapper(None)
+    witness = _litellm.finish_witness(router_wrapper(provider))
+    assert witness is not None and witness() is False  # LiteLLM would supply "stop"
+    provider.received_finish_reason = "stop"
+    assert witness() is True
+    assert _litellm.finish_witness(object()) is None  # not LiteLLM's chat stream

@@ -44,11 +44,20 @@ def test_an_unknown_openai_model_is_still_refused():
         PriceBook().for_deployment(dep("openai/no-such-model"))
 
 
+def _map_price(key: str, pixels: int) -> float:
+    """An image's price from LiteLLM's bundled map (its per-pixel price times the pixels)."""
+    import litellm
+
+    return float(litellm.model_cost[key]["input_cost_per_pixel"]) * pixels
+
+
 @pytest.mark.parametrize(
     ("model", "size", "quality", "dollars"),
     [
-        ("azure/dall-e-3", None, "standard", 0.044),  # per pixel of 1024x1024
-        ("azure/dall-e-3", "1024x1792", "hd", 0.132),
+        # per pixel of 1024x1024, at the price of LiteLLM's bundled map (1.105.0: $0.040; 1.105.7 and
+        # later: $0.044)
+        ("azure/dall-e-3", None, "standard", _map_price("azure/standard/1024-x-1024/dall-e-3", 1024 * 1024)),
+        ("azure/dall-e-3", "1024x1792", "hd", _map_price("azure/hd/1024-x-1792/dall-e-3", 1024 * 1792)),
         ("openai/gpt-image-1", "1024x1536", "low", 0.016),
         ("openai/gpt-image-1", None, None, 0.167),  # no quality: the dearest listed (high)
         ("openai/gpt-image-1", None, "auto", 0.167),

@@ -49,6 +49,8 @@ ALLOWED: dict[tuple[str, str], str] = {
     "by Future.__await__ before yielding (the stand-in is yielded the same way)",
     # LiteLLM's and the openai SDK's privates: only in the seam (tests/unit/test_litellm_seam.py)
     ("_litellm.py", "_shaping"): "litellm.Router's request shaping; no public accessor",
+    ("_litellm.py", "_should_fail_on_clean_eof"): "does LiteLLM fail a stream that ends without the "
+    "provider's finish? (the eof_check capability's probe)",
     ("_litellm.py", "_iterator"): "openai.AsyncStream's generator: is the stream unread?",
     ("_litellm.py", "_hidden_params"): "LiteLLM keeps cost and ids only there (read in hidden_params_of)",
     ("_litellm.py", "_decoder"): "openai.AsyncStream's SSE decoder: swapped for the skipper "
