@@ -1,4 +1,5 @@
-"""``llm-resilience chaos`` through the installed entry point, in a subprocess."""
+"""``llm-resilience chaos``: once through the installed entry point in a subprocess, the other runs
+in processes forked from one that imported LiteLLM once (the same ``main``)."""
 
 from __future__ import annotations
 
@@ -6,23 +7,43 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
+
+from tests._forked import run_cli
 
 CLI = Path(sys.executable).with_name("llm-resilience")
 CONFIG = Path(__file__).with_name("router.yaml")
 
 
-def _run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def _run(*args: str, timeout: float = 120, real: bool = False) -> subprocess.CompletedProcess[str]:
+    """``llm-resilience chaos *args``: through the installed console script (``real``), else in
+    a process forked from one that imported LiteLLM once (tests/_forked.py), the same ``main``."""
     env = {**os.environ, "NO_PROXY": "127.0.0.1,localhost"}
     env.pop("OPENAI_API_KEY", None)  # the config's os.environ/ keys are never read
-    return subprocess.run(
-        [str(CLI), "chaos", *args], capture_output=True, text=True, timeout=timeout, env=env
+    if real:
+        return subprocess.run(
+            [str(CLI), "chaos", *args], capture_output=True, text=True, timeout=timeout, env=env
+        )
+    code, out, err = run_cli(["chaos", *args], Path.cwd(), env, timeout, Path(tempfile.mkdtemp()) / "chaos")
+    assert code is not None, (
+        f"llm-resilience chaos {' '.join(args)}: still running after {timeout} s\n{out}{err}"
     )
+    return subprocess.CompletedProcess([str(CLI), "chaos", *args], code, out, err)
 
 
 def test_thresholds_met_exit_0_with_json_and_plot(tmp_path: Path) -> None:
     out, png = tmp_path / "chaos.json", tmp_path / "chaos.png"
-    r = _run(str(CONFIG), "--only", "revoked-key,context-overflow", "--json", str(out), "--plot", str(png))
+    r = _run(
+        str(CONFIG),
+        "--only",
+        "revoked-key,context-overflow",
+        "--json",
+        str(out),
+        "--plot",
+        str(png),
+        real=True,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "| revoked-key | plugin |" in r.stdout and "Thresholds met." in r.stdout
     doc = json.loads(out.read_text())

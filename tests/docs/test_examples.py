@@ -2,8 +2,9 @@
 
 Convention: a fenced ```` ```python ```` block is executed unless its fence line says ``not run``
 (written as ``title="... (not run)"``, which mkdocs-material shows above the block). Each runnable
-block runs on its own in a fresh interpreter (this venv's), in an empty temporary directory, with
-loopback kept away from proxies and a timeout; it must exit 0. Blocks start their own
+block runs on its own as a script in its own process (forked from one that imported LiteLLM once,
+see ``tests/_forked.py``; ``LLM_EXAMPLES_FRESH=1``: a fresh interpreter each), in an empty temporary
+directory, with loopback kept away from proxies and a timeout; it must exit 0. Blocks start their own
 ``ProviderSimulator``, so they need no API key and no network. Blocks marked *not run* must still
 compile, and YAML blocks must parse.
 """
@@ -22,6 +23,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from tests._forked import run_script
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -119,22 +122,28 @@ def test_example_runs(block: Block, tmp_path: Path) -> None:
     for key in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
         env[key] = "http://127.0.0.1:9"
     env["PYTHONDONTWRITEBYTECODE"] = "1"
-    try:
-        done = subprocess.run(
-            [sys.executable, str(script)],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT_S,
-            check=False,
-        )
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"{block.where}: still running after {TIMEOUT_S} s\n{exc.stdout or ''}{exc.stderr or ''}")
-    assert done.returncode == 0, (
-        f"{block.where} exited {done.returncode}\n--- stdout\n{done.stdout}\n--- stderr\n{done.stderr}"
-    )
-    assert "remote model cost map" not in done.stderr, f"{block.where}: LiteLLM went for the network"
+    if os.environ.get("LLM_EXAMPLES_FRESH"):  # each in a fresh interpreter (slower: LiteLLM's import)
+        try:
+            done = subprocess.run(
+                [sys.executable, str(script)],
+                cwd=tmp_path,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=TIMEOUT_S,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as exc:
+            pytest.fail(
+                f"{block.where}: still running after {TIMEOUT_S} s\n{exc.stdout or ''}{exc.stderr or ''}"
+            )
+        code, stdout, stderr = done.returncode, done.stdout, done.stderr
+    else:
+        code, stdout, stderr = run_script(script, env, TIMEOUT_S)
+        if code is None:
+            pytest.fail(f"{block.where}: still running after {TIMEOUT_S} s\n{stdout}{stderr}")
+    assert code == 0, f"{block.where} exited {code}\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
+    assert "remote model cost map" not in stderr, f"{block.where}: LiteLLM went for the network"
 
 
 @pytest.mark.parametrize("block", NOT_RUN_PYTHON, ids=lambda b: b.where)

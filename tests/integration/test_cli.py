@@ -8,12 +8,14 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
 import pytest
 
 from llm_resilience_plugin.cli import main
+from tests._forked import run_cli as forked_cli
 
 
 async def test_demo_runs_the_incident_side_by_side() -> None:
@@ -146,11 +148,14 @@ ENTRY = Path(sys.executable).parent / "llm-resilience"
 
 
 def run_cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``llm-resilience *args`` in its own process, forked from one that imported LiteLLM once
+    (tests/_forked.py); the console script itself runs in a real subprocess below."""
     assert ENTRY.exists(), f"{ENTRY} not installed: pip install -e ."
     full_env = {**os.environ, "NO_PROXY": "127.0.0.1,localhost", **(env or {})}
-    return subprocess.run(
-        [str(ENTRY), *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=120
-    )
+    logs = Path(tempfile.mkdtemp()) / "cli"
+    code, out, err = forked_cli(list(args), cwd, full_env, 120, logs)
+    assert code is not None, f"llm-resilience {' '.join(args)}: still running after 120 s\n{out}{err}"
+    return subprocess.CompletedProcess([str(ENTRY), *args], code, out, err)
 
 
 BROKEN = textwrap.dedent(
