@@ -3,8 +3,9 @@ process that has imported LiteLLM once (multiprocessing's forkserver, preloaded)
 gets its own process, environment, working directory, ``sys.argv`` and ``__main__``, without
 paying LiteLLM's import (seconds of CPU) each time - most of the suite's CPU was that import.
 
-The forkserver is started with the first caller's environment; each child then sets its own
-(``os.environ`` is read by LiteLLM and httpx when clients are made, not only at import). Tests of
+The forkserver starts with this process's environment; each run's child then sets its own
+(LiteLLM and httpx read ``os.environ`` when a client is made, not only at import). The Redis fleet
+tests fork their worker processes from the same server. Tests of
 the installed console script itself keep a real subprocess.
 """
 
@@ -73,22 +74,25 @@ _CONTEXT: ForkServerContext | None = None
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def context(env: dict[str, str], root: Path) -> ForkServerContext:
-    """The preloaded forkserver, started once per test process with ``env``."""
+def context() -> ForkServerContext:
+    """The preloaded forkserver (one per test process, started on first use with this process's
+    environment and the project root on the path; each child sets its own environment)."""
     global _CONTEXT
     if _CONTEXT is None:
-        saved = dict(os.environ)
-        os.environ.clear()
-        os.environ.update(env)
-        os.environ["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        saved = os.environ.get("PYTHONPATH")
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), saved) if p)
         try:
             ctx = multiprocessing.get_context("forkserver")
             ctx.set_forkserver_preload(PRELOAD)
-            ctx.Process(target=_noop).start()  # start the server now, with this environment
+            proc = ctx.Process(target=_noop)  # start the server now, with this environment
+            proc.start()
+            proc.join()
             _CONTEXT = ctx
         finally:
-            os.environ.clear()
-            os.environ.update(saved)
+            if saved is None:
+                os.environ.pop("PYTHONPATH", None)
+            else:
+                os.environ["PYTHONPATH"] = saved
     return _CONTEXT
 
 
@@ -100,7 +104,7 @@ Outcome = tuple[int | None, str, str]  # exit code (None: killed at its timeout)
 
 
 def _start(what: str, args: list[str], cwd: Path, env: dict[str, str], out: Path, timeout: float) -> Outcome:
-    ctx = context(env, ROOT)
+    ctx = context()
     stdout, stderr = out.with_name(out.name + ".out"), out.with_name(out.name + ".err")
     proc = ctx.Process(target=_run, args=(what, args, str(cwd), env, str(stdout), str(stderr)))
     proc.start()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import socket
@@ -16,19 +15,6 @@ import pytest
 
 from llm_resilience_plugin.cli import main
 from tests._forked import run_cli as forked_cli
-
-
-async def test_demo_runs_the_incident_side_by_side() -> None:
-    from llm_resilience_plugin.demo import run_demo
-
-    out = io.StringIO()
-    code = await run_demo(calls_per_phase=4, out=out)
-    text = out.getvalue()
-    assert code == 0, text
-    assert "| success rate |" in text and "plain Router" in text
-    assert "breaker transitions (plugin):" in text
-    assert "-> open" in text  # the outage opened at least one breaker
-    assert "tenant spend vs" in text
 
 
 def test_check_prints_the_effective_policy(tmp_path, capsys) -> None:

@@ -44,6 +44,12 @@ def test_the_demo_counts_right_and_prints_no_errors(tmp_path: Path) -> None:
     assert "Traceback" not in text and "Error in" not in text
     assert not any(line.strip() == "budget_alert" for line in text.splitlines())
 
+    # The incident side by side: both systems, the breakers' story, the spend.
+    assert "| success rate |" in text and "plain Router" in text
+    assert "breaker transitions (plugin):" in text
+    assert "-> open" in text  # the outage opened at least one breaker
+    assert "tenant spend vs" in text
+
     calls = _row(text, "calls")
     assert calls == (str(CALLS * PHASES), str(CALLS * PHASES))
     ok = [int(x) for x in _row(text, "ok")]

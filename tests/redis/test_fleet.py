@@ -1,4 +1,4 @@
-"""Several worker processes (multiprocessing, spawn) sharing breakers, retry budgets and a cost
+"""Several worker processes (multiprocessing, forkserver) sharing breakers, retry budgets and a cost
 ledger on a real redis-server this module starts; a ProviderSimulator in the parent serves them
 all over HTTP and counts what each deployment really received.
 
@@ -32,6 +32,7 @@ from llm_resilience_plugin.events import hidden_params_of
 from llm_resilience_plugin.shared_state import RedisSharedState
 from llm_resilience_plugin.testing import Clock
 from llm_resilience_plugin.testing._simulator import Fault, ProviderSimulator, estimate_prompt_tokens
+from tests._forked import context as forked_context
 from tests.redis.redis_server import RedisServer, redis_server_fixture  # noqa: F401
 
 WORKERS = 4
@@ -186,8 +187,9 @@ def _ready() -> int:
 
 @pytest.fixture(scope="module")
 def pool() -> Iterator[ProcessPoolExecutor]:
-    """4 spawned workers, started (LiteLLM imported) before the first test is timed."""
-    ctx = multiprocessing.get_context("spawn")
+    """4 worker processes, started before the first test is timed: forked from the preloaded
+    forkserver (tests/_forked.py: LiteLLM imported once, not once per worker)."""
+    ctx = forked_context()
     barrier = ctx.Barrier(WORKERS)
     others = set(multiprocessing.active_children())
     ex = ProcessPoolExecutor(WORKERS, mp_context=ctx, initializer=_init_worker, initargs=(barrier,))
