@@ -23,8 +23,9 @@ checks=$!
 # The tests run on 2 pytest-xdist workers (-n 2; LLM_TEST_WORKERS=N for another count, 0 for none;
 # 4 on 2 cores starved timing-sensitive tests): a line per test file when its last test is done,
 # with the count done so far ([ 812/2218]), then the 15 slowest tests and the time per kind of test
-# (tests/conftest.py). The whole script takes about 7 minutes on 2 cores (pytest alone without
-# xdist: 13); it needs about 11 minutes of CPU, so about 6 minutes is the floor on 2 cores.
+# (tests/conftest.py). The whole script takes under 5 minutes on 2 cores from a fresh clone (setup
+# included; about 4 once .venv exists): examples and CLI runs fork from a preloaded forkserver
+# (tests/_forked.py) instead of importing LiteLLM in a fresh interpreter each.
 # Opt-in: LITELLM_MATRIX="1.105.0 1.108.14" then runs the unit and integration suites against
 # those LiteLLM releases too (scripts/test_matrix.sh; ~6-10 min a release on 2 cores).
 workers=${LLM_TEST_WORKERS:-2}
