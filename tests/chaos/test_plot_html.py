@@ -151,3 +151,25 @@ def test_a_png_without_matplotlib_is_refused_before_any_scenario_runs(
     assert not (tmp_path / "t.png").exists()
     with pytest.raises(ConfigError, match=r"expected a \.png or \.html"):
         check_plot_path("t.svg")
+
+
+def test_429s_are_not_requests_to_a_dead_route() -> None:
+    """A deployment answering 429 is alive (its limit is paced, never broken): a streak of 429s
+    counts nothing; a streak of 503s past breaker.fail_max does."""
+    from llm_resilience_plugin.policy import RouterSpec
+    from llm_resilience_plugin.testing.chaos._metrics import measure
+
+    spec = RouterSpec(
+        model_list=MODEL_LIST, fallbacks={"primary": ["fallback"]}, policy={"breaker": {"fail_max": 3}}
+    )
+    run = _run("plugin")
+    main = run.target.deployments[0].sim_name
+
+    def record(at: float, status: int) -> RequestRecord:
+        behavior = "ok" if status == 200 else f"http_error:{status}"
+        return RequestRecord(main, "m", False, 100 + at, 100 + at + 0.01, behavior, status, {"user": "c"}, {})
+
+    run.requests[:] = [record(i * 0.01, 429) for i in range(10)]
+    assert measure(run, spec).to_dead_route == 0
+    run.requests[:] = [record(i * 0.01, 503) for i in range(10)]
+    assert measure(run, spec).to_dead_route == 7  # the 4th to the 10th

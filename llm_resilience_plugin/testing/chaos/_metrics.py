@@ -92,13 +92,14 @@ def unpriced(deployments: Sequence[Deployment]) -> list[Deployment]:
 
 def _dead_route_requests(run: RunResult, spec: RouterSpec) -> int:
     """Failing requests sent to a deployment that had already failed ``fail_max`` times in a row
-    (what its breaker, once open, exists to stop)."""
+    (what its breaker, once open, exists to stop). A 429 is neither: a deployment answering 429 is
+    alive, and a rate limit is paced, never broken."""
     count = 0
     for dep in run.target.deployments:
         fail_max = spec.policy.for_group(dep.group).breaker.fail_max
         streak = 0
         for r in run.requests:
-            if r.deployment != dep.sim_name:
+            if r.deployment != dep.sim_name or r.status == 429:
                 continue
             if not request_failed(r):
                 streak = 0
