@@ -36,7 +36,7 @@ NOTHING_PACED: Plan = (frozenset(), None)
 
 def _candidates(engine: Engine, call: CallState, group: str, exclude: frozenset[str]) -> list[str]:
     """The deployments of ``group`` this attempt may use, those it has not failed on first (each
-    half shuffled, so paced traffic spreads over the group); none while a probe is due."""
+    half in a random order weighted as LiteLLM's shuffle is); none while a probe is due."""
     now = engine.clock.wall()
     ids = [d for d in engine.admissible(call, group, now) if d not in exclude]
     if any(engine.breaker_state(d) != "closed" for d in ids):
@@ -44,11 +44,29 @@ def _candidates(engine: Engine, call: CallState, group: str, exclude: frozenset[
         # else a closed one), unpinned - pinning would keep the probe from ever being sent, or
         # refuse the call when another takes the probe slot.
         return []
-    with engine.rng_lock:
-        engine.rng.shuffle(ids)
+    _spread(engine, ids)
     if call.failed:
         ids.sort(key=lambda d: d in call.failed)
     return ids
+
+
+# LiteLLM's simple-shuffle weights, in the order it reads them (litellm_params).
+SPREAD_KEYS = ("weight", "rpm", "tpm")
+
+
+def _spread(engine: Engine, ids: list[str]) -> None:
+    """Order ``ids`` at random by LiteLLM's simple-shuffle weights (``weight``, else ``rpm``, else
+    ``tpm``, where a deployment of the group sets one), so an admitted attempt goes where the
+    user's routing would send it as often (a weighted draw without replacement)."""
+    weights = [1.0] * len(ids)
+    for key in SPREAD_KEYS:
+        got = [engine.deployments[d].params.get(key) for d in ids]
+        if any(isinstance(v, int | float) and not isinstance(v, bool) and v > 0 for v in got):
+            weights = [float(v) if isinstance(v, int | float) and v > 0 else 1e-9 for v in got]
+            break
+    with engine.rng_lock:
+        keys = {d: engine.rng.random() ** (1.0 / w) for d, w in zip(ids, weights, strict=True)}
+    ids.sort(key=lambda d: keys[d], reverse=True)
 
 
 def tokens_for(engine: Engine, group: str, messages: Any, kwargs: Mapping[str, Any]) -> float:

@@ -321,3 +321,22 @@ async def test_a_429_on_one_deployment_sends_no_retry_into_a_sibling_still_answe
     # no refused call's retry went into it while its own wave was unanswered.
     assert sent_before <= max(1, first_to_b)
     assert router.breakers()["a"]["state"] == "closed"
+
+
+async def test_admission_spreads_calls_by_the_deployments_weights(sim) -> None:
+    """While admission picks the deployment (slow start, a pace), it keeps LiteLLM's
+    simple-shuffle weights: ``weight: 1000`` against ``weight: 1`` gets nearly every call."""
+    from llm_resilience_plugin import ResilientRouter
+    from tests.conftest import FAST_POLICY, deployment
+
+    model_list = [deployment(sim, "primary", d, weight=w) for d, w in (("a", 1000), ("b", 1))]
+    router = ResilientRouter(model_list=model_list, policy=FAST_POLICY, clock=Clock())
+    try:
+        assert router.engine.paces.on  # the deployments are in slow start: admission picks
+        served = [
+            get_report(await router.acompletion(model="primary", messages=MSG)).deployment_id  # type: ignore[union-attr]
+            for _ in range(20)
+        ]
+    finally:
+        await router.aclose()
+    assert served.count("a") >= 18, served
