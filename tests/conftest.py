@@ -138,6 +138,22 @@ def make_router(sim: ProviderSimulator) -> Iterator[RouterFactory]:
 
 MSG = [{"role": "user", "content": "Hello there, how are you?"}]
 
+# One function tool (the stream suites' tool-call streams).
+WEATHER_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "the weather in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "unit": {"type": "string"}},
+                "required": ["city", "unit"],
+            },
+        },
+    }
+]
+
 
 # -- progress under pytest-xdist (scripts/test.sh runs -n 4): a line per test file once it is done --
 #

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -28,8 +28,10 @@ from aiohttp import web
 from llm_resilience_plugin.testing._intake import (
     REDACTED_HEADERS,
     Admissions,
+    Handler,
     Intake,
     Rejection,
+    add_post_routes,
     read_request,
 )
 from llm_resilience_plugin.testing._messages import JSONDict, estimate_tokens
@@ -42,8 +44,6 @@ AUDIO_PREFIX = b"ID3\x04\x00\x00\x00\x00\x00\x00"
 """What every simulated speech answer starts with (an MP3's ID3 tag header)."""
 
 _BYTES_PER_SECOND = 16_000
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def speech_bytes(deployment: str, text: str) -> bytes:
@@ -141,9 +141,7 @@ class AudioEndpoints:
             "moderations": self.handle_moderation,
             "rerank": self.handle_rerank,
         }
-        for path, handler in table.items():
-            for prefix in ("/v1/", "/", "/{deployment}/v1/", "/{deployment}/"):
-                app.router.add_post(prefix + path, handler)
+        add_post_routes(app, table)
         for path in ("/v2/rerank", "/{deployment}/v2/rerank"):  # Cohere's v2 (LiteLLM's default)
             app.router.add_post(path, self.handle_rerank)
 

@@ -35,7 +35,7 @@ from typing import Any
 
 from aiohttp import web
 
-from llm_resilience_plugin.testing._intake import Admissions, Intake, Rejection
+from llm_resilience_plugin.testing._intake import Admissions, Handler, Intake, Rejection, add_post_routes
 from llm_resilience_plugin.testing._messages import JSONDict, content_text, default_text, estimate_tokens
 from llm_resilience_plugin.testing._state import SimulatorState
 from llm_resilience_plugin.testing._writers import Call, send_events, send_json, sse_event
@@ -53,8 +53,6 @@ _PNG = base64.b64encode(
         "0d0a2db40000000049454e44ae426082"
     )
 ).decode()
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def embedding_vector(deployment: str, text: str, dimension: int) -> list[float]:
@@ -132,9 +130,7 @@ class OtherEndpoints:
             "images/generations": self.handle_images,
             "responses": self.handle_responses,
         }
-        for path, handler in table.items():
-            for prefix in ("/v1/", "/", "/{deployment}/v1/", "/{deployment}/"):
-                app.router.add_post(prefix + path, handler)
+        add_post_routes(app, table)
 
     # -- the common exchange ---------------------------------------------------------------------
 

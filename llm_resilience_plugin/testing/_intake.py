@@ -26,8 +26,10 @@ __all__ = [
     "REDACTED_HEADERS",
     "Admissions",
     "Answer",
+    "Handler",
     "Intake",
     "Rejection",
+    "add_post_routes",
     "apply_behavior",
     "read_request",
 ]
@@ -36,6 +38,15 @@ REDACTED_HEADERS = frozenset({"authorization", "api-key", "x-api-key", "proxy-au
 """Headers logged as ``***``: credentials never reach the request log."""
 
 Answer = Callable[[Call], Awaitable[web.StreamResponse]]
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def add_post_routes(app: web.Application, table: dict[str, Handler]) -> None:
+    """Register each OpenAI-style endpoint of ``table``, with and without a ``/{deployment}``
+    prefix and ``/v1``."""
+    for path, handler in table.items():
+        for prefix in ("/v1/", "/", "/{deployment}/v1/", "/{deployment}/"):
+            app.router.add_post(prefix + path, handler)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from llm_resilience_plugin import ResilientRouter, StreamInterruptedError, get_r
 from llm_resilience_plugin.events import StreamRestart
 from llm_resilience_plugin.langchain import ResilientChatModel
 from llm_resilience_plugin.testing import FakeClock, Fault, ProviderSimulator
-from tests.conftest import FAST_POLICY, _merge
+from tests.conftest import FAST_POLICY, WEATHER_TOOLS, _merge
 
 PROMPT = "tell me a long story about cats and dogs and birds"
 STORY = "Once upon a time a cat, a dog and a bird shared one garden and never once quarrelled."
@@ -36,20 +36,6 @@ MODELS = {
     "text": ("openai/gpt-3.5-turbo-instruct", "completion"),
     "responses": ("openai/gpt-4o-mini", "responses"),
 }
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "the weather in a city",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}, "unit": {"type": "string"}},
-                "required": ["city", "unit"],
-            },
-        },
-    }
-]
 
 # route -> the groups (deployment -> takes a prefill); the first group falls back to the rest.
 # "other" has a1 always breaking and a2 answering; the call is repeated until a1 is picked first.
@@ -148,7 +134,7 @@ def _args(op: str, kwargs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         return "aresponses", {"input": PROMPT, **kwargs}
     if op == "tool":
         ask = [{"role": "user", "content": "what is the weather in Paris"}]
-        return "acompletion", {"messages": ask, "tools": TOOLS, **kwargs}
+        return "acompletion", {"messages": ask, "tools": WEATHER_TOOLS, **kwargs}
     return "acompletion", {"messages": [{"role": "user", "content": PROMPT}], **kwargs}
 
 

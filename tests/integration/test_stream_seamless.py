@@ -16,7 +16,7 @@ from llm_resilience_plugin import ResilientRouter, StreamInterruptedError, get_r
 from llm_resilience_plugin.cost._guard import Budget, CostGuard
 from llm_resilience_plugin.events import StreamBreak, StreamRestart
 from llm_resilience_plugin.testing import Clock, FakeClock, Fault, ProviderSimulator
-from tests.conftest import FAST_POLICY, _merge, deployment
+from tests.conftest import FAST_POLICY, WEATHER_TOOLS, _merge, deployment
 
 LONG = [{"role": "user", "content": "tell me a long story about cats and dogs and birds"}]
 STORY = "Once upon a time a cat, a dog and a bird shared one garden and never once quarrelled."
@@ -284,27 +284,12 @@ async def test_a_recovery_never_outlives_the_deadline(sim, routers) -> None:
 
 # -- tool calls ----------------------------------------------------------------------------------
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "the weather in a city",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}, "unit": {"type": "string"}},
-                "required": ["city", "unit"],
-            },
-        },
-    }
-]
-
 
 async def test_a_broken_tool_call_is_never_joined_with_another_answer(sim, routers) -> None:
     router = make(sim, routers, {"primary": {"a": True}, "backup": {"b": True}})
     sim.script("a", Fault.stream_cut(after_chunks=2))
     ask = [{"role": "user", "content": "what is the weather in Paris"}]
-    stream = await router.acompletion(model="primary", messages=ask, stream=True, tools=TOOLS, **SAME)
+    stream = await router.acompletion(model="primary", messages=ask, stream=True, tools=WEATHER_TOOLS, **SAME)
     args = ""
     with pytest.raises(StreamInterruptedError) as info:
         async for chunk in stream:
