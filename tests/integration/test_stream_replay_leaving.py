@@ -225,12 +225,12 @@ def test_sync_text_completion_and_responses_streams_are_replayed_and_verified(si
 
 def test_a_sync_tool_call_stream_is_never_joined_with_another_answer(sim, routers) -> None:
     from llm_resilience_plugin import StreamInterruptedError
-    from tests.integration.test_stream_seamless import TOOLS
+    from tests.conftest import WEATHER_TOOLS
 
     router = make(sim, routers, {"primary": {"a": True}, "backup": {"b": True}})
     sim.script("a", Fault.stream_cut(after_chunks=2))
     ask = [{"role": "user", "content": "what is the weather in Paris"}]
-    stream = router.completion(model="primary", messages=ask, stream=True, tools=TOOLS, **SAME)
+    stream = router.completion(model="primary", messages=ask, stream=True, tools=WEATHER_TOOLS, **SAME)
     args = ""
     with pytest.raises(StreamInterruptedError) as info:
         for chunk in stream:
