@@ -41,7 +41,9 @@ leg() {  # leg NAME PACKAGE==VERSION: a venv with that one package in front of .
   fi
   echo "== $name: $req"
   # shellcheck disable=SC2086
-  "$dir/bin/python" -m pytest -q -p no:cacheprovider -rfEs $suites || failed+=("$name")
+  local workers=${LLM_TEST_WORKERS:-2} parallel=()
+  if [ "$workers" != 0 ]; then parallel=(-n "$workers" --dist loadfile); fi
+  "$dir/bin/python" -m pytest -q -p no:cacheprovider -rfEs "${parallel[@]}" $suites || failed+=("$name")
 }
 
 failed=()

@@ -11,6 +11,7 @@ go through the same methods, so they validate, key and replay calls alike.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import itertools
 import uuid
 import weakref
@@ -293,7 +294,7 @@ class CallRunner:
             raise
 
     def _replay(self, ctx: CallState, entry: Mapping[str, Any]) -> Any:
-        resp = response_type(entry.get("operation", "completion"))(**entry["response"])
+        resp = rebuilt(response_type(entry.get("operation", "completion")), entry["response"])
         r = ctx.report
         r.replayed = True
         r.outcome = "success"
@@ -364,6 +365,20 @@ def response_type(operation: str) -> Any:
         "moderation": OpenAIModerationResponse,
         "rerank": RerankResponse,
     }.get(operation, litellm.ModelResponse)
+
+
+def rebuilt(cls: Any, data: Mapping[str, Any]) -> Any:
+    """A stored answer as LiteLLM's class again; an older release's ``__init__`` that takes fewer
+    fields (1.105's ``TranscriptionResponse(text)``) gets the rest set as attributes, as LiteLLM does."""
+    try:
+        return cls(**data)
+    except TypeError:
+        params = inspect.signature(cls.__init__).parameters
+        obj = cls(**{k: v for k, v in data.items() if k in params})
+        for k, v in data.items():
+            if k not in params:
+                setattr(obj, k, v)
+        return obj
 
 
 def _tier_of(policy: ResiliencePolicy, asked: str | None) -> tuple[str | None, TierPolicy | None]:
