@@ -35,6 +35,9 @@ from llm_resilience_plugin.policy import BreakerPolicy
 CLOSED = pybreaker.STATE_CLOSED
 OPEN = pybreaker.STATE_OPEN
 HALF_OPEN = pybreaker.STATE_HALF_OPEN
+# pybreaker's storages keep ``opened_at`` as a datetime (1 µs): a window is reached when ``now`` is
+# within that rounding of its end, so a breaker opened at t reopens for probes at t + window exactly.
+_DATETIME_RESOLUTION = 1e-6
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,7 +222,7 @@ class MemoryBreakerBackend(BreakerBackend):
         if state == CLOSED:
             return Admission(name, self.generation, probe=False), changes
         if state == OPEN:
-            if now < self._opened_at() + self.policy.window(self._streak):
+            if now + _DATETIME_RESOLUTION < self._opened_at() + self.policy.window(self._streak):
                 return None, changes
             self._transition(self._cb.half_open, changes)
         lease = self._probe_lease
@@ -388,7 +391,7 @@ class DeploymentBreaker:
         if v.state == CLOSED:
             return True
         if v.state == OPEN:
-            return now >= v.opened_at + self._open_for(v)
+            return now + _DATETIME_RESOLUTION >= v.opened_at + self._open_for(v)
         return v.probes < self.policy.half_open_max_probes or self.backend.has_expired_probe(now)
 
     def hold(self, seconds: float) -> None:

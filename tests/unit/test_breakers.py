@@ -102,6 +102,20 @@ def test_cancellation_and_caller_errors_count_as_neither():
     assert again is not None and again.probe
 
 
+def test_a_probe_is_admitted_exactly_when_the_window_ends_between_microseconds():
+    """Found by the state machine below: pybreaker keeps ``opened_at`` to the microsecond, and an
+    opening at 1000000.3984375 (half a microsecond) rounded up refused the probe due at +10 s."""
+    b, now, _ = make(fail_max=1)
+    now.t += 0.3984375
+    b.record_failure(b.admit())  # type: ignore[arg-type]
+    now.t += 9.999
+    assert b.admit() is None and not b.could_admit()
+    now.t += 0.001
+    assert b.could_admit()
+    probe = b.admit()
+    assert probe is not None and probe.probe
+
+
 def test_exactly_n_probes_under_thread_contention():
     b, now, _ = make(fail_max=1, probes=2)
     b.record_failure(b.admit())  # type: ignore[arg-type]
