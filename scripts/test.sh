@@ -26,8 +26,10 @@ checks=$!
 # (tests/conftest.py). The whole script takes under 5 minutes on 2 cores from a fresh clone (setup
 # included; about 4 once .venv exists): examples and CLI runs fork from a preloaded forkserver
 # (tests/_forked.py) instead of importing LiteLLM in a fresh interpreter each.
-# Opt-in: LITELLM_MATRIX="1.105.0 1.108.14" then runs the unit and integration suites against
-# those LiteLLM releases too (scripts/test_matrix.sh; ~6-10 min a release on 2 cores).
+# This run is on the newest releases setup installs. LLM_TEST_MATRIX=1 (set by .ci/run) then runs
+# the unit and integration suites on LiteLLM's floor and a middle release, and the unit and
+# LangChain suites on langchain-core's floor (scripts/test_matrix.sh --beside-newest; about 7 more
+# minutes on 2 cores). LITELLM_MATRIX="1.106.12 1.109.3" runs those releases instead.
 workers=${LLM_TEST_WORKERS:-2}
 parallel=()
 if [ "$workers" != 0 ]; then parallel=(-n "$workers" --dist loadfile); fi
@@ -45,4 +47,6 @@ rm -f "$checks_log"
 if [ -n "${LITELLM_MATRIX:-}" ]; then
   # shellcheck disable=SC2086
   exec bash scripts/test_matrix.sh $LITELLM_MATRIX
+elif [ "${LLM_TEST_MATRIX:-0}" != 0 ]; then
+  exec bash scripts/test_matrix.sh --beside-newest
 fi
