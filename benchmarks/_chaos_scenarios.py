@@ -214,6 +214,30 @@ def _primary_incident(seconds: float, fault: Behavior) -> Callable[[Scriptable, 
     return inject
 
 
+def _with_recovery(sc: Scenario) -> list[Scenario]:
+    """``sc`` (a break after content where no route takes a prefill and the request samples: a
+    chunk consumer can only get the typed error with its replacement), and its two variants
+    where one can go on: ``-prefill``, the fallback takes an assistant prefill; ``-same``, the
+    fallback serves the same model and every caller asks temperature 0 (a replay reproduces)."""
+    return [
+        sc,
+        dataclasses.replace(
+            sc,
+            name=f"{sc.name}-prefill",
+            description=f"{sc.name}, the fallback takes an assistant prefill (supports_assistant_prefill)",
+            prefill=frozenset({"f-a"}),
+        ),
+        dataclasses.replace(
+            sc,
+            name=f"{sc.name}-same",
+            description=f"{sc.name}, the fallback serving the same model at temperature 0 (its answer "
+            "repeats the primary's word for word, up to its name)",
+            same_model=True,
+            request=DETERMINISTIC,
+        ),
+    ]
+
+
 def scenarios(quick: bool = False) -> list[Scenario]:
     """Every scenario; ``quick`` shortens the slow ones (incidents, stalls, holds) for a smoke run."""
     stall = 11.0 if quick else 30.0
@@ -260,36 +284,16 @@ def scenarios(quick: bool = False) -> list[Scenario]:
             _three,
             load=Load(scale=2.0),  # 5% needs calls to show
         ),
-        Scenario(
-            "stream-cut",
-            "the primary's stream is cut (FIN) after 40 of 60 words",
-            ONE_PRIMARY,
-            TO_FALLBACK,
-            _primary_fault(lambda text: _answering(Fault.stream_cut(after_chunks=40), text)),
-            consumers=STREAM_CALLERS,
-            load=paced,
-        ),
-        Scenario(
-            "stream-cut-prefill",
-            "stream-cut, the fallback takes an assistant prefill (supports_assistant_prefill)",
-            ONE_PRIMARY,
-            TO_FALLBACK,
-            _primary_fault(lambda text: _answering(Fault.stream_cut(after_chunks=40), text)),
-            consumers=STREAM_CALLERS,
-            load=paced,
-            prefill=frozenset({"f-a"}),
-        ),
-        Scenario(
-            "stream-cut-same",
-            "stream-cut, the fallback serving the same model at temperature 0 (its answer repeats "
-            "the primary's word for word, up to its name)",
-            ONE_PRIMARY,
-            TO_FALLBACK,
-            _primary_fault(lambda text: _answering(Fault.stream_cut(after_chunks=40), text)),
-            consumers=STREAM_CALLERS,
-            load=paced,
-            same_model=True,
-            request=DETERMINISTIC,
+        *_with_recovery(
+            Scenario(
+                "stream-cut",
+                "the primary's stream is cut (FIN) after 40 of 60 words",
+                ONE_PRIMARY,
+                TO_FALLBACK,
+                _primary_fault(lambda text: _answering(Fault.stream_cut(after_chunks=40), text)),
+                consumers=STREAM_CALLERS,
+                load=paced,
+            )
         ),
         Scenario(
             "stream-cut-prefill-refused",
@@ -340,25 +344,31 @@ def scenarios(quick: bool = False) -> list[Scenario]:
             consumers=STREAM_CALLERS,
             load=paced,
         ),
-        Scenario(
-            "malformed-text",
-            "one invalid-JSON SSE event that shows text after 30 of the primary's 60 words",
-            ONE_PRIMARY,
-            TO_FALLBACK,
-            _primary_fault(lambda text: _answering(Fault.malformed_chunk(after_chunks=30), text)),
-            consumers=STREAM_CALLERS,
-            load=paced,
+        *_with_recovery(
+            Scenario(
+                "malformed-text",
+                "one invalid-JSON SSE event that shows text after 30 of the primary's 60 words",
+                ONE_PRIMARY,
+                TO_FALLBACK,
+                _primary_fault(lambda text: _answering(Fault.malformed_chunk(after_chunks=30), text)),
+                consumers=STREAM_CALLERS,
+                load=paced,
+            )
         ),
-        Scenario(
-            "stall",
-            f"the primary's stream stalls after 30 of 60 words for {stall:g} s (then RST)",
-            ONE_PRIMARY,
-            TO_FALLBACK,
-            _primary_fault(lambda text: _answering(Fault.stream_stall(after_chunks=30, seconds=stall), text)),
-            consumers=STREAM_CALLERS,
-            load=slow,
-            plugin_policy=REALISTIC,
-            parallel=True,
+        *_with_recovery(
+            Scenario(
+                "stall",
+                f"the primary's stream stalls after 30 of 60 words for {stall:g} s (then RST)",
+                ONE_PRIMARY,
+                TO_FALLBACK,
+                _primary_fault(
+                    lambda text: _answering(Fault.stream_stall(after_chunks=30, seconds=stall), text)
+                ),
+                consumers=STREAM_CALLERS,
+                load=slow,
+                plugin_policy=REALISTIC,
+                parallel=True,
+            )
         ),
         Scenario(
             "slow-ttft",

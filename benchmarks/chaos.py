@@ -57,7 +57,9 @@ OPEN_GRACE = 0.1  # seconds
 RESULTS = Path(__file__).resolve().parent / "results"  # git-ignored
 
 
-async def _timed(system: System) -> tuple[Outcome, float]:
+async def timed(system: System) -> tuple[Outcome, float]:
+    """One call of ``system``: its outcome (an error by its type, the plugin's typed error saying
+    whether it carried a replacement) and how long it took (CALL_CAP at most)."""
     t = time.monotonic()
     try:
         outcome = await asyncio.wait_for(system.call(), timeout=CALL_CAP)
@@ -74,7 +76,7 @@ async def _closed_loop(system: System, calls: int, concurrency: int) -> list[tup
 
     async def one() -> tuple[Outcome, float]:
         async with sem:
-            return await _timed(system)
+            return await timed(system)
 
     return list(await asyncio.gather(*(one() for _ in range(calls))))
 
@@ -86,7 +88,7 @@ async def _paced(system: System, calls: int, rate: float) -> list[tuple[Outcome,
         delay = start + i / rate - time.monotonic()
         if delay > 0:
             await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(_timed(system)))
+        tasks.append(asyncio.create_task(timed(system)))
     return list(await asyncio.gather(*tasks))
 
 
@@ -183,6 +185,8 @@ def _metrics(
         "reached_while_open_detail": leak_detail,
         "breaker_opens": sum(new == "open" for _, _, new in system.opened),
         "errors": dict(errors),
+        # the longest a failed call took to end (the plugin's typed error: within its deadline?)
+        "slowest_error_s": max((t for o, t in results if not o.ok), default=None),
         "restart_markers": dict(Counter(m for o, _ in results for m in o.markers)),
         "wall_s": end - start,
     }

@@ -259,8 +259,10 @@ class StreamBreak:
     call moved on); ``given_up``: no way on was left (the caller gets
     :class:`~llm_resilience_plugin.StreamInterruptedError`, with the replacement answer when
     one was had). ``extra_tokens``: tokens this way cost beyond the answer the caller kept
-    (the prompt sent again, text generated again or discarded), when known; ``extra_cost`` the
-    same in dollars; ``wait_s``: how long the caller waited after the break for its next chunk.
+    (the prompt sent again, text generated again or discarded), when known - for a diverged
+    replay, closed before its usage came, an estimate counted from the text sent and received;
+    ``extra_cost`` the same in dollars, where a cost was reported; ``wait_s``: how long the
+    caller waited after the break for its next chunk.
     """
 
     call_id: str

@@ -154,6 +154,11 @@ class LiveAttempt:
         """Keep how a break ended in the report, and publish it."""
         stream_recovery.record_break(self._engine, self._actx.call, brk)
 
+    def replay_tokens(self, sent: Any, received: str) -> int:
+        """Estimated tokens of this replay, closed early without usage (see
+        :func:`.stream_recovery.replay_tokens`)."""
+        return stream_recovery.replay_tokens(self._engine, self._actx.picked, sent, received)
+
     def may_recover(self, resendable: bool) -> bool:
         """Will a break after content be recovered (see :func:`.stream_recovery.may_recover`)?"""
         return resendable and stream_recovery.may_recover(self._engine, self._actx.call)

@@ -26,12 +26,15 @@ A prefill refused with a bad request is never surfaced (see :mod:`._engine.prefi
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from llm_resilience_plugin._engine import prefill as prefill_state
 from llm_resilience_plugin._engine.core import router_resumes, stream_recovery_mode
+from llm_resilience_plugin._engine.degradation import count_tokens
 from llm_resilience_plugin._engine.drivers import walk_routes
 from llm_resilience_plugin.errors import Failure
 from llm_resilience_plugin.events import Outcome, StreamBreak, StreamRestart
@@ -127,6 +130,31 @@ def replay_model(
         return False, None
     info = engine.deployments.get(broke) if broke is not None else None
     return True, None if info is None else info.model
+
+
+def replay_tokens(engine: Engine, deployment: str | None, sent: Any, received: str) -> int:
+    """An estimate of the tokens a replay closed early cost, which the provider never reported:
+    the prompt sent again (``sent``: chat messages, a prompt or a Responses input) plus the
+    completion generated so far, counted from the text ``received``, with LiteLLM's offline
+    counter for the deployment's model (about 4 characters a token where it has none)."""
+    info = engine.deployments.get(deployment) if deployment is not None else None
+    model = info.model if info is not None else "gpt-4o-mini"
+    chat = isinstance(sent, list) and all(isinstance(m, Mapping) and "role" in m for m in sent)
+    prompt = sent if isinstance(sent, str) else json.dumps(sent, default=str)
+    return (count_tokens(model, sent) if chat else _text_tokens(model, prompt)) + _text_tokens(
+        model, received
+    )
+
+
+def _text_tokens(model: str, text: str) -> int:
+    if not text:
+        return 0
+    try:
+        import litellm
+
+        return int(litellm.token_counter(model=model, text=text))
+    except Exception:
+        return math.ceil(len(text) / 4)
 
 
 async def recover(

@@ -157,6 +157,19 @@ def _record_end(live: LiveAttempt, brk: StreamBreak, waited: float, stream: Resi
     live.record_break(dataclasses.replace(brk, wait_s=waited, extra_tokens=extra, extra_cost=cost))
 
 
+def _diverged(brk: StreamBreak, replay: Any, sent: Any) -> StreamBreak:
+    """A diverged replay's record: all of it was extra - its usage and cost where it reported
+    them, else (closed early) its tokens estimated from the prompt sent and the text received,
+    and its cost unknown (None); a static answer costs none."""
+    if not isinstance(replay, ResilientStream):
+        return dataclasses.replace(brk, end="diverged", extra_tokens=0, extra_cost=0.0)
+    if replay.usage is not None:
+        tokens, cost = replay.usage["total_tokens"], replay.cost
+    else:
+        tokens, cost = replay._live.replay_tokens(sent, replay.partial_text), None
+    return dataclasses.replace(brk, end="diverged", extra_tokens=tokens, extra_cost=cost)
+
+
 class ReadCut:
     """The task reading a stream's source, and a cut of that read: some LiteLLM streams (the
     Router's fallback wrapper, an async generator) cannot be closed while another task reads
@@ -426,7 +439,7 @@ class ResilientStream:
                     await nxt.aclose()
                     return
                 if not same:
-                    live.record_break(dataclasses.replace(brk, end="diverged"))
+                    live.record_break(_diverged(brk, nxt, messages))
                     await nxt.discard()
                     with contextlib.suppress(Exception):
                         await it.aclose()  # type: ignore[attr-defined]

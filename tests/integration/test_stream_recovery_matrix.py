@@ -15,6 +15,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+import litellm
 import pytest
 from langchain_core.messages import HumanMessage
 
@@ -138,6 +139,13 @@ def _args(op: str, kwargs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     return "acompletion", {"messages": [{"role": "user", "content": PROMPT}], **kwargs}
 
 
+def _counted(op: str) -> dict[str, Any]:
+    """What a replay of ``op`` sends again, as LiteLLM's token counter takes it."""
+    if op == "chat":
+        return {"messages": [{"role": "user", "content": PROMPT}]}
+    return {"text": PROMPT}
+
+
 def _sync_read(router: ResilientRouter, op: str, kwargs: dict[str, Any]) -> Read:
     name, args = _args(op, kwargs)
     out = Read()
@@ -259,6 +267,12 @@ async def test_a_diverging_replay_is_discarded(sim, routers, op: str, sync: bool
     out = await call(sim, factory, op, sync, "fallback", **SAME)
     assert out.error is None and out.text == STORY
     assert breaks(out) == [("diverged", "a", "b"), ("replayed", "a", "a")]
+    # b's replay was closed early, without usage: its tokens estimated (the prompt sent again and
+    # the words read before it parted, counted), its cost not made up
+    diverged = get_report(out.stream).stream_breaks[0]  # type: ignore[union-attr]
+    sent = litellm.token_counter(model=MODELS[op][0], **_counted(op))
+    assert diverged.extra_tokens is not None and sent < diverged.extra_tokens <= sent + 4
+    assert diverged.extra_cost is None
 
 
 # -- the typed error carrying the replacement: every operation ----------------------------------------
