@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import litellm
 import pytest
@@ -23,9 +22,11 @@ from tests.conftest import FAST_POLICY, MSG, deployment
 ECHO = "The input was: " + "lorem ipsum dolor " * 17_000  # ~306 kB echoed back, as providers do
 
 
-def _router(sim: ProviderSimulator, **params: Any) -> ResilientRouter:
+def _router(sim: ProviderSimulator, dispatch: str = "auto") -> ResilientRouter:
     return ResilientRouter(
-        model_list=[deployment(sim, "g", "a", **params)], policy=FAST_POLICY, clock=FakeClock()
+        model_list=[deployment(sim, "g", "a")],
+        policy={**FAST_POLICY, "dispatch": dispatch},
+        clock=FakeClock(),
     )
 
 
@@ -51,9 +52,10 @@ async def _worst_lag(calls: Callable[[], Awaitable[None]]) -> float:
     return max(lags)
 
 
-async def test_a_300_kb_error_body_does_not_stall_the_loop(sim: ProviderSimulator) -> None:
+@pytest.mark.parametrize("dispatch", ["auto", "router"])
+async def test_a_300_kb_error_body_does_not_stall_the_loop(sim: ProviderSimulator, dispatch: str) -> None:
     assert capabilities()["error_body_bound"].available
-    router = _router(sim)
+    router = _router(sim, dispatch)
     errors: list[BaseException] = []
     try:
         await router.acompletion(model="g", messages=MSG)  # warm: imports, clients
@@ -148,3 +150,17 @@ async def test_calls_outside_the_plugin_get_the_whole_body(sim: ProviderSimulato
             max_retries=0,
         )
     assert ECHO.strip()[-200:] in str(bad.value)
+
+
+def test_the_blocking_api_gets_the_cut_too(sim: ProviderSimulator) -> None:
+    """``completion()`` runs its attempts on the router's private loop: the same cut."""
+    router = _router(sim)
+    try:
+        sim.set_default("a", Fault.http_error(400, message=ECHO))
+        started = time.perf_counter()
+        with pytest.raises(litellm.BadRequestError) as bad:
+            router.completion(model="g", messages=MSG)
+        assert time.perf_counter() - started < 2.0
+    finally:
+        router.close()
+    assert len(str(bad.value)) < 2 * ERROR_BODY_LIMIT and "more characters not shown]" in str(bad.value)
