@@ -295,7 +295,8 @@ def _bounding(original: Callable[..., Any]) -> Callable[..., Any]:
     def create_async_transport(*args: Any, **kwargs: Any) -> Any:
         transport = original(*args, **kwargs)
         if transport is not None:
-            bound_transport(transport)
+            with contextlib.suppress(TypeError, AttributeError):  # a transport with __slots__: as it is
+                bound_transport(transport)
         return transport
 
     create_async_transport.bounds_error_bodies = True  # type: ignore[attr-defined]
