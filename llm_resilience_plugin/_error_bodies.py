@@ -98,7 +98,11 @@ async def _bound_response(response: httpx.Response, request: httpx.Request) -> h
     length = response.headers.get("content-length", "")
     if "content-encoding" not in response.headers and length.isdigit() and int(length) <= ERROR_BODY_LIMIT:
         return response  # short: not even read here
-    await response.aread()  # decoded (gzip and the like) and closed; the original is let go
+    try:
+        await response.aread()  # decoded (gzip and the like) and closed; the original is let go
+    except BaseException:  # cancelled or cut mid-read: the connection goes back all the same
+        await response.aclose()
+        raise
     text = response.text
     cut = bound_text(text)
     body = response.content if cut is None else cut.encode(response.encoding or "utf-8", "replace")
