@@ -287,6 +287,53 @@ def _image_retries_capability() -> Capability:
     )
 
 
+def _bounding(original: Callable[..., Any]) -> Callable[..., Any]:
+    """LiteLLM's transport factory, made to bound what it builds (``_error_bodies``)."""
+    from llm_resilience_plugin._error_bodies import bound_transport
+
+    @functools.wraps(original)
+    def create_async_transport(*args: Any, **kwargs: Any) -> Any:
+        transport = original(*args, **kwargs)
+        if transport is not None:
+            with contextlib.suppress(TypeError, AttributeError):  # a transport with __slots__: as it is
+                bound_transport(transport)
+        return transport
+
+    create_async_transport.bounds_error_bodies = True  # type: ignore[attr-defined]
+    return create_async_transport
+
+
+def _error_body_capability() -> Capability:
+    """Cut long provider error bodies of the plugin's attempts at the transport, before LiteLLM
+    redacts them on the loop (``_error_bodies``): every httpx transport LiteLLM builds through
+    ``AsyncHTTPHandler.create_async_transport`` (``_create_async_transport`` before 1.108) - the
+    OpenAI SDK's clients and LiteLLM's own HTTP handler - is made to cut them. Installed once, at
+    the first :func:`internals`; transports built before then are not."""
+    from llm_resilience_plugin._error_bodies import ERROR_BODY_LIMIT
+
+    try:
+        from litellm.llms.custom_httpx.http_handler import AsyncHTTPHandler
+    except ImportError as e:  # pragma: no cover - another layout
+        factories: dict[str, Any] = {}
+        missing = f"litellm.llms.custom_httpx.http_handler.AsyncHTTPHandler ({e})"
+    else:
+        names = ("create_async_transport", "_create_async_transport")
+        factories = {n: AsyncHTTPHandler.__dict__[n] for n in names if n in AsyncHTTPHandler.__dict__}
+        missing = "" if factories else "AsyncHTTPHandler.create_async_transport"
+    for name, made in factories.items():
+        if isinstance(made, staticmethod) and not getattr(made.__func__, "bounds_error_bodies", False):
+            setattr(AsyncHTTPHandler, name, staticmethod(_bounding(made.__func__)))
+    return _capability(
+        "error_body_bound",
+        not missing,
+        missing,
+        f"a provider's error body over {ERROR_BODY_LIMIT:,} characters cut before LiteLLM reads "
+        "it (LiteLLM redacts a long body on the event loop, several times per error)",
+        "a long error body reaches LiteLLM whole: its redaction stalls the loop ~0.5 s per 100 kB",
+        holds=False,
+    )
+
+
 @functools.cache
 def internals() -> Internals:
     """Find LiteLLM's internal pieces once (ImportError below the supported floor)."""
@@ -382,6 +429,7 @@ def internals() -> Internals:
     )
     caps["single_send"] = _single_send_capability()
     caps["image_sdk_retries_off"] = _image_retries_capability()
+    caps["error_body_bound"] = _error_body_capability()
     return Internals(
         version=text,
         capabilities=caps,

@@ -21,6 +21,7 @@ from llm_resilience_plugin._engine.dispatch import SyncDispatcher
 from llm_resilience_plugin._engine.engine import Engine
 from llm_resilience_plugin._engine.retry import AttemptFailed
 from llm_resilience_plugin._engine.taxonomy import classify
+from llm_resilience_plugin._error_bodies import bounded
 from llm_resilience_plugin.errors import ErrorClass, Failure
 from llm_resilience_plugin.events import AttemptInfo, usage_of
 
@@ -213,7 +214,8 @@ async def attempt(
     try:
         if engine.guards:
             guard_before(engine, call, actx, group, level, messages, kwargs)
-        resp = await dispatcher.send(actx, messages, dict(kwargs), timeout_s=timeout_s, bound=bound)
+        with bounded():  # a long error body is cut before LiteLLM redacts it on the loop
+            resp = await dispatcher.send(actx, messages, dict(kwargs), timeout_s=timeout_s, bound=bound)
     except asyncio.CancelledError:
         cancelled(engine, actx, level, t0, started_wall, wait_before)
         raise
@@ -250,7 +252,8 @@ def attempt_sync(
     try:
         if engine.guards:
             guard_before(engine, call, actx, group, level, messages, kwargs)
-        resp = dispatcher.send_sync(actx, messages, dict(kwargs), timeout_s=timeout_s, bound=bound)
+        with bounded():
+            resp = dispatcher.send_sync(actx, messages, dict(kwargs), timeout_s=timeout_s, bound=bound)
     except Exception as exc:
         raise failed(engine, actx, level, exc, t0, started_wall, wait_before) from None
     except BaseException:

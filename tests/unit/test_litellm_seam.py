@@ -146,6 +146,7 @@ def test_capabilities_are_named_and_detected_once() -> None:
         "eof_check",
         "single_send",
         "image_sdk_retries_off",
+        "error_body_bound",
     }
     assert _litellm.internals() is _litellm.internals()
     for cap in caps.values():
