@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -254,3 +256,25 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     terminalreporter.section("time by kind of test")
     for kind, (seconds, tests) in sorted(_KIND_TIMES.items(), key=lambda kv: -kv[1][0]):
         terminalreporter.write_line(f"{kind:<14} {seconds:7.1f} s  {int(tests):5d} tests")
+
+
+async def worst_loop_lag(calls: Callable[[], Awaitable[None]]) -> float:
+    """The longest the loop was held (beyond a 5 ms tick) while ``calls`` ran."""
+    lags: list[float] = []
+    running = True
+
+    async def ticker() -> None:
+        while running:
+            t0 = time.perf_counter()
+            await asyncio.sleep(0.005)
+            lags.append(time.perf_counter() - t0 - 0.005)
+
+    tick = asyncio.ensure_future(ticker())
+    await asyncio.sleep(0.02)
+    try:
+        await calls()
+        await asyncio.sleep(0.02)
+    finally:
+        running = False
+        await tick
+    return max(lags)

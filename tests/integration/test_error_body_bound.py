@@ -5,9 +5,7 @@ lag is what a ticker task sees while the errors come back."""
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import Awaitable, Callable
 
 import litellm
 import pytest
@@ -17,7 +15,7 @@ from llm_resilience_plugin._error_bodies import ERROR_BODY_LIMIT
 from llm_resilience_plugin._litellm import capabilities
 from llm_resilience_plugin.errors import ErrorClass
 from llm_resilience_plugin.testing import FakeClock, Fault, ProviderSimulator
-from tests.conftest import FAST_POLICY, MSG, deployment
+from tests.conftest import FAST_POLICY, MSG, deployment, worst_loop_lag
 
 ECHO = "The input was: " + "lorem ipsum dolor " * 17_000  # ~306 kB echoed back, as providers do
 
@@ -28,28 +26,6 @@ def _router(sim: ProviderSimulator, dispatch: str = "auto") -> ResilientRouter:
         policy={**FAST_POLICY, "dispatch": dispatch},
         clock=FakeClock(),
     )
-
-
-async def _worst_lag(calls: Callable[[], Awaitable[None]]) -> float:
-    """The longest the loop was held (beyond a 5 ms tick) while ``calls`` ran."""
-    lags: list[float] = []
-    running = True
-
-    async def ticker() -> None:
-        while running:
-            t0 = time.perf_counter()
-            await asyncio.sleep(0.005)
-            lags.append(time.perf_counter() - t0 - 0.005)
-
-    tick = asyncio.ensure_future(ticker())
-    await asyncio.sleep(0.02)
-    try:
-        await calls()
-        await asyncio.sleep(0.02)
-    finally:
-        running = False
-        await tick
-    return max(lags)
 
 
 @pytest.mark.parametrize("dispatch", ["auto", "router"])
@@ -67,7 +43,7 @@ async def test_a_300_kb_error_body_does_not_stall_the_loop(sim: ProviderSimulato
                 errors.append(bad.value)
 
         sim.set_default("a", Fault.http_error(400, message=ECHO))
-        lag = await _worst_lag(three_errors)
+        lag = await worst_loop_lag(three_errors)
     finally:
         await router.aclose()
     # Before: LiteLLM redacted ~2 MB of text per such error on the loop (1-4 s held here).
