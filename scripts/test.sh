@@ -32,7 +32,8 @@ checks=$!
 # minutes on 2 cores). LITELLM_MATRIX="1.106.12 1.109.3" runs those releases instead.
 workers=${LLM_TEST_WORKERS:-2}
 parallel=()
-if [ "$workers" != 0 ]; then parallel=(-n "$workers" --dist loadfile); fi
+# --no-loadscope-reorder: files go in the order tests/conftest.py gives them (slow ones first)
+if [ "$workers" != 0 ]; then parallel=(-n "$workers" --dist loadfile --no-loadscope-reorder); fi
 status=0
 .venv/bin/pytest -p no:cacheprovider -o console_output_style=count --durations=15 "${parallel[@]}" "$@" ||
   status=$?

@@ -50,7 +50,7 @@ leg() {  # leg NAME PACKAGE==VERSION...: a venv with those packages in front of 
   echo "== $name: $*"
   # shellcheck disable=SC2086
   local workers=${LLM_TEST_WORKERS:-2} parallel=()
-  if [ "$workers" != 0 ]; then parallel=(-n "$workers" --dist loadfile); fi
+  if [ "$workers" != 0 ]; then parallel=(-n "$workers" --dist loadfile --no-loadscope-reorder); fi
   "$dir/bin/python" -m pytest -q -p no:cacheprovider -rfEs "${parallel[@]}" $suites || failed+=("$name")
 }
 

@@ -209,6 +209,46 @@ def _xdist_controller(config: pytest.Config) -> bool:
 _PROGRESS: list[_FileProgress] = []  # one, on the xdist controller
 
 
+# Files whose few tests take long (a notebook, the demo, subprocess CLIs, docs examples): under
+# pytest-xdist's file scheduling (scripts/test.sh runs it with --no-loadscope-reorder) they start
+# first, so no worker is left running one of them alone at the end; the rest follow by their
+# number of tests, most first, as xdist's own order would have them.
+RUN_FIRST = (
+    "tests/integration/test_notebooks.py",
+    "tests/integration/test_demo.py",
+    "tests/docs/test_examples.py",
+    "tests/chaos/test_chaos_cli.py",
+    "tests/chaos/test_anthropic_chaos.py",
+    "tests/integration/test_failure_modes.py",
+    "tests/langchain/integration_tests/test_surface.py",
+    "tests/integration/test_simulator.py",
+    "tests/integration/test_pacing.py",
+    "tests/integration/test_chaos_stream_scenarios.py",
+)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Order files for the workers: :data:`RUN_FIRST`, then by test count (a stable sort)."""
+    if not _xdist_worker(config):
+        return
+    counts: dict[str, int] = {}
+    for item in items:
+        path = item.nodeid.split("::", 1)[0]
+        counts[path] = counts.get(path, 0) + 1
+    rank = {path: i for i, path in enumerate(RUN_FIRST)}
+
+    def key(item: pytest.Item) -> tuple[int, int]:
+        path = item.nodeid.split("::", 1)[0]
+        return (rank.get(path, len(rank)), -counts[path])
+
+    items.sort(key=key)
+
+
+def _xdist_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
     terminal = config.pluginmanager.get_plugin("terminalreporter")
