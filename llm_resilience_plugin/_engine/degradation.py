@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from typing import Any
@@ -35,6 +36,18 @@ def count_tokens(model: str, messages: list[dict[str, Any]]) -> int:
         return int(litellm.token_counter(model=model, messages=messages))
     except Exception:
         return sum(4 + len(str(m.get("content") or "")) // 4 for m in messages) + 2
+
+
+def count_text_tokens(model: str, text: str) -> int:
+    """Tokens of plain ``text`` by LiteLLM's offline counter (falls back to ~4 characters a token)."""
+    if not text:
+        return 0
+    try:
+        import litellm
+
+        return int(litellm.token_counter(model=model, text=text))
+    except Exception:
+        return math.ceil(len(text) / 4)
 
 
 def trim_messages(

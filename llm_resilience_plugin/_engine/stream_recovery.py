@@ -27,14 +27,13 @@ A prefill refused with a bad request is never surfaced (see :mod:`._engine.prefi
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from llm_resilience_plugin._engine import prefill as prefill_state
 from llm_resilience_plugin._engine.core import router_resumes, stream_recovery_mode
-from llm_resilience_plugin._engine.degradation import count_tokens
+from llm_resilience_plugin._engine.degradation import count_text_tokens, count_tokens
 from llm_resilience_plugin._engine.drivers import walk_routes
 from llm_resilience_plugin.errors import Failure
 from llm_resilience_plugin.events import Outcome, StreamBreak, StreamRestart
@@ -139,22 +138,11 @@ def replay_tokens(engine: Engine, deployment: str | None, sent: Any, received: s
     counter for the deployment's model (about 4 characters a token where it has none)."""
     info = engine.deployments.get(deployment) if deployment is not None else None
     model = info.model if info is not None else "gpt-4o-mini"
-    chat = isinstance(sent, list) and all(isinstance(m, Mapping) and "role" in m for m in sent)
-    prompt = sent if isinstance(sent, str) else json.dumps(sent, default=str)
-    return (count_tokens(model, sent) if chat else _text_tokens(model, prompt)) + _text_tokens(
-        model, received
-    )
-
-
-def _text_tokens(model: str, text: str) -> int:
-    if not text:
-        return 0
-    try:
-        import litellm
-
-        return int(litellm.token_counter(model=model, text=text))
-    except Exception:
-        return math.ceil(len(text) / 4)
+    if isinstance(sent, list) and all(isinstance(m, Mapping) and "role" in m for m in sent):
+        prompt = count_tokens(model, sent)
+    else:
+        prompt = count_text_tokens(model, sent if isinstance(sent, str) else json.dumps(sent, default=str))
+    return prompt + count_text_tokens(model, received)
 
 
 async def recover(
