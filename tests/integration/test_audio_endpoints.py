@@ -1,109 +1,28 @@
 """Transcription, speech, moderation and rerank on the engine, over real HTTP to the simulator:
-LiteLLM's response types, a 500 retried, a 400 not, fallback to another group, breakers
-counting, cost settled, the blocking twins, and the checks made before any request."""
+each provider's answer, a 500 retried, a 400 not, cost settled, the blocking twins, idempotent
+replays, and the checks made before any request. (What every operation does alike - LiteLLM's
+type, an outage and its fallback, a silent provider, a budget refusal: test_operations_shared.py.)"""
 
 from __future__ import annotations
 
 import io
-import time
-from collections.abc import Awaitable, Callable, Iterator
-from typing import Any
 
-import litellm
 import pytest
-from litellm.types.llms.openai import HttpxBinaryResponseContent, OpenAIModerationResponse
-from litellm.types.rerank import RerankResponse
 
-from llm_resilience_plugin import BudgetExceededError, ConfigError, ResilientRouter, get_report
+from llm_resilience_plugin import ConfigError, get_report
 from llm_resilience_plugin.cost import Budget, CostGuard
 from llm_resilience_plugin.errors import ErrorClass
-from llm_resilience_plugin.testing import Clock, FakeClock, Fault, ProviderSimulator
+from llm_resilience_plugin.testing import Fault
 from llm_resilience_plugin.testing._audio import speech_bytes
 
-from ..conftest import FAST_POLICY, _merge
+from ._operations import (
+    AUDIO,
+    AUDIO_OPERATIONS,
+    SDK_RETRIES,
+    call_for,
+)
 
-# operation -> (LiteLLM model, model_info.mode)
-MODELS: dict[str, tuple[str, str]] = {
-    "transcription": ("openai/whisper-1", "audio_transcription"),
-    "speech": ("openai/tts-1", "audio_speech"),
-    "moderation": ("openai/omni-moderation-latest", "moderation"),
-    "rerank": ("cohere/rerank-english-v3.0", "rerank"),
-}
-TYPES = {
-    "transcription": litellm.TranscriptionResponse,
-    "speech": HttpxBinaryResponseContent,
-    "moderation": OpenAIModerationResponse,
-    "rerank": RerankResponse,
-}
-OPERATIONS = list(MODELS)
-AUDIO = b"\xff\xfb" + b"x" * 4000
-
-Call = Callable[..., Awaitable[Any]]
-
-
-def call_for(router: ResilientRouter, operation: str) -> Call:
-    """``call(group, **kw)`` for one operation, with a small payload."""
-    if operation == "transcription":
-        return lambda g, **kw: router.atranscription(model=g, file=("hello.mp3", AUDIO), **kw)
-    if operation == "speech":
-        return lambda g, **kw: router.aspeech(model=g, input="Hello there", voice="alloy", **kw)
-    if operation == "moderation":
-        return lambda g, **kw: router.amoderation(input="a kind sentence", model=g, **kw)
-    return lambda g, **kw: router.arerank(
-        model=g, query="red cube", documents=["a blue ball", "a red cube"], **kw
-    )
-
-
-def _entry(sim: ProviderSimulator, operation: str, group: str, dep: str) -> dict[str, Any]:
-    model, mode = MODELS[operation]
-    # Cohere's rerank posts to <api_base>/v2/rerank: the deployment's path without /v1
-    base = sim.anthropic_base(dep) if operation == "rerank" else sim.api_base(dep)
-    return {
-        "model_name": group,
-        "litellm_params": {"model": model, "api_base": base, "api_key": "sk-sim-secret"},
-        "model_info": {"id": dep, "mode": mode},
-    }
-
-
-@pytest.fixture
-def build(sim: ProviderSimulator) -> Iterator[Callable[..., ResilientRouter]]:
-    made: list[ResilientRouter] = []
-
-    def make(
-        operation: str,
-        groups: dict[str, list[str]],
-        *,
-        policy: dict[str, Any] | None = None,
-        clock: Any = None,
-        **kwargs: Any,
-    ) -> ResilientRouter:
-        model_list = [_entry(sim, operation, g, d) for g, deps in groups.items() for d in deps]
-        router = ResilientRouter(
-            model_list, policy=_merge(FAST_POLICY, policy or {}), clock=clock or FakeClock(), seed=7, **kwargs
-        )
-        made.append(router)
-        return router
-
-    yield make
-    for r in made:
-        r.close()
-
-
-# LiteLLM 1.110's amoderation builds its OpenAI client with the SDK's default two retries and takes
-# neither max_retries nor a client through the Router: a 500 is retried inside one attempt.
-SDK_RETRIES = {"moderation": 1}
-
-
-@pytest.mark.parametrize("operation", OPERATIONS)
-async def test_healthy_call_is_one_request_with_litellms_type_and_a_report(build, sim, operation):
-    router = build(operation, {"g": ["a"]})
-    resp = await call_for(router, operation)("g")
-    assert isinstance(resp, TYPES[operation])
-    assert sim.count("a") == 1
-    rep = get_report(resp)
-    assert rep is not None and rep.outcome == "success" and rep.deployment_id == "a"
-    assert rep.operation == operation and rep.upstream_requests == 1
-    assert "sk-sim-secret" not in repr(rep)
+OPERATIONS = AUDIO_OPERATIONS
 
 
 async def test_each_answer_is_the_providers(build, sim):
@@ -145,24 +64,6 @@ async def test_a_400_is_not_retried(build, sim, operation):
     assert router.breakers()[sim.requests()[0].deployment]["fail_counter"] == 0  # the caller's error
 
 
-@pytest.mark.parametrize("operation", OPERATIONS)
-async def test_an_outage_trips_the_breaker_and_falls_back_to_another_group(build, sim, operation):
-    router = build(
-        operation,
-        {"g": ["a"], "backup": ["b"]},
-        fallbacks=[{"g": ["backup"]}],
-        policy={"breaker": {"fail_max": 2}},
-    )
-    sim.outage("a", 60)
-    call = call_for(router, operation)
-    served = [get_report(await call("g")).served_group for _ in range(4)]  # type: ignore[union-attr]
-    assert served == ["backup"] * 4
-    assert router.breakers()["a"]["state"] == "open"
-    sent = sim.count("a")
-    await call("g")
-    assert sim.count("a") == sent  # an open breaker sends nothing
-
-
 @pytest.mark.parametrize("operation", ["speech", "transcription", "rerank"])
 async def test_the_cost_guard_reserves_per_unit_and_settles_the_reported_cost(build, sim, operation):
     guard = CostGuard([Budget.daily(10)])
@@ -171,19 +72,6 @@ async def test_the_cost_guard_reserves_per_unit_and_settles_the_reported_cost(bu
     (entry,) = guard.ledger.entries()
     reported = resp._hidden_params["response_cost"]
     assert reported > 0 and entry.cost == pytest.approx(reported)
-
-
-@pytest.mark.parametrize("operation", OPERATIONS)
-async def test_a_budget_too_small_refuses_before_any_request(build, sim, operation):
-    guard = CostGuard([Budget.per_request(1e-9)])
-    router = build(operation, {"g": ["a"]}, guards=[guard])
-    if operation == "moderation":  # free: nothing to refuse
-        await call_for(router, operation)("g")
-        assert sim.count() == 1
-        return
-    with pytest.raises(BudgetExceededError):
-        await call_for(router, operation)("g")
-    assert sim.count() == 0
 
 
 def test_blocking_twins(build, sim):
@@ -237,24 +125,6 @@ async def test_a_group_whose_mode_cannot_serve_the_operation_is_refused(build, s
         await router.atranscription(model="g", file=("a.mp3", AUDIO))
     assert err.value.field == "model_info.mode"
     assert sim.count() == 0
-
-
-@pytest.mark.parametrize("operation", OPERATIONS)
-async def test_a_silent_provider_is_bounded_by_the_attempt_timeout(build, sim, operation):
-    router = build(
-        operation,
-        {"g": ["a"], "backup": ["b"]},
-        fallbacks=[{"g": ["backup"]}],
-        policy={"deadline": 5, "attempt_timeout": 1},
-        clock=Clock(),
-    )
-    sim.set_default("a", Fault.silence(max_hold=10))
-    t0 = time.monotonic()
-    resp = await call_for(router, operation)("g")
-    assert time.monotonic() - t0 < 3
-    rep = get_report(resp)
-    assert rep is not None and rep.served_group == "backup"
-    assert rep.attempts[0].error_class is ErrorClass.TIMEOUT
 
 
 @pytest.mark.parametrize("operation", ["transcription", "moderation", "rerank"])

@@ -1,104 +1,26 @@
 """Embeddings, text completions, image generations and the Responses API through the same engine,
-over real HTTP to the simulator: Retry-After, breaker trips and fallback, silent providers bounded
-by the attempt timeout, budget refusal before sending, streams, and the checks made before any
-request (modes, dimensions, payloads)."""
+over real HTTP to the simulator: Retry-After, costs settled, streams, batches, and the checks made
+before any request (modes, dimensions, payloads). (What every operation does alike - LiteLLM's
+type, an outage and its fallback, a silent provider, a budget refusal: test_operations_shared.py.)"""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Awaitable, Callable, Iterator
-from typing import Any
-
 import litellm
 import pytest
-from litellm.types.llms.openai import ResponsesAPIResponse
 
-from llm_resilience_plugin import BudgetExceededError, ConfigError, ResilientRouter, get_report
+from llm_resilience_plugin import ConfigError, get_report
 from llm_resilience_plugin.cost import Budget, CostGuard
 from llm_resilience_plugin.errors import ErrorClass
 from llm_resilience_plugin.events import hidden_params_of
-from llm_resilience_plugin.testing import Clock, FakeClock, Fault, ProviderSimulator, embedding_vector
+from llm_resilience_plugin.testing import FakeClock, Fault, embedding_vector
 
-from ..conftest import FAST_POLICY, _merge, requires_capability
+from ..conftest import requires_capability
+from ._operations import (
+    ENDPOINTS,
+    call_for,
+)
 
-# operation -> (model, model_info extras, the call, the response type)
-MODELS: dict[str, tuple[str, dict[str, Any]]] = {
-    "embedding": ("openai/text-embedding-3-small", {"mode": "embedding"}),
-    "text_completion": (
-        "openai/gpt-3.5-turbo-instruct",
-        {"mode": "completion", "base_model": "gpt-3.5-turbo-instruct"},
-    ),
-    "image_generation": ("openai/dall-e-3", {"mode": "image_generation", "output_cost_per_image": 0.04}),
-    "responses": ("openai/gpt-4o-mini", {"mode": "responses"}),
-}
-TYPES = {
-    "embedding": litellm.EmbeddingResponse,
-    "text_completion": litellm.TextCompletionResponse,
-    "image_generation": litellm.ImageResponse,
-    "responses": ResponsesAPIResponse,
-}
-OPERATIONS = list(MODELS)
-
-Call = Callable[..., Awaitable[Any]]
-
-
-def call_for(router: ResilientRouter, operation: str) -> Call:
-    """``call(group, **kw)`` for one operation, with a small payload."""
-    if operation == "embedding":
-        return lambda g, **kw: router.aembedding(model=g, input=["alpha", "beta"], **kw)
-    if operation == "text_completion":
-        return lambda g, **kw: router.atext_completion(model=g, prompt="Say hello", **kw)
-    if operation == "image_generation":
-        return lambda g, **kw: router.aimage_generation(model=g, prompt="a red cube", **kw)
-    return lambda g, **kw: router.aresponses(model=g, input="Say hello", **kw)
-
-
-@pytest.fixture
-def build(sim: ProviderSimulator) -> Iterator[Callable[..., ResilientRouter]]:
-    made: list[ResilientRouter] = []
-
-    def make(
-        operation: str,
-        groups: dict[str, list[str]],
-        *,
-        policy: dict[str, Any] | None = None,
-        clock: Any = None,
-        info: dict[str, dict[str, Any]] | None = None,
-        **kwargs: Any,
-    ) -> ResilientRouter:
-        model, extra = MODELS[operation]
-        model_list = [
-            {
-                "model_name": g,
-                "litellm_params": {"model": model, "api_base": sim.api_base(d), "api_key": "sk-sim-secret"},
-                "model_info": {"id": d, **extra, **(info or {}).get(d, {})},
-            }
-            for g, deps in groups.items()
-            for d in deps
-        ]
-        router = ResilientRouter(
-            model_list, policy=_merge(FAST_POLICY, policy or {}), clock=clock or FakeClock(), seed=7, **kwargs
-        )
-        made.append(router)
-        return router
-
-    yield make
-    for r in made:
-        r.close()
-
-
-@pytest.mark.parametrize("operation", OPERATIONS)
-async def test_healthy_call_is_one_request_with_litellms_type_and_a_report(build, sim, operation):
-    router = build(operation, {"g": ["a"]})
-    resp = await call_for(router, operation)("g")
-    assert isinstance(resp, TYPES[operation])
-    assert sim.count("a") == 1
-    rep = get_report(resp)
-    assert rep is not None and rep.outcome == "success" and rep.deployment_id == "a"
-    assert rep.upstream_requests == 1
-    if operation != "image_generation":
-        assert rep.usage is not None and rep.usage["prompt_tokens"] > 0
-    assert "sk-sim-secret" not in repr(rep)
+OPERATIONS = ENDPOINTS
 
 
 @pytest.mark.parametrize(
@@ -120,56 +42,6 @@ async def test_429_with_retry_after_is_retried_after_the_gap(build, sim, operati
     assert rep is not None and rep.outcome == "success"
     assert rep.attempts[0].error_class is ErrorClass.RATE_LIMIT
     assert rep.attempts[1].wait_before_s >= 1.9  # the Retry-After gap (less the time already past)
-
-
-@pytest.mark.parametrize("operation", OPERATIONS)
-async def test_outage_trips_the_breaker_and_falls_back(build, sim, operation):
-    router = build(
-        operation,
-        {"g": ["a"], "backup": ["b"]},
-        fallbacks=[{"g": ["backup"]}],
-        policy={"breaker": {"fail_max": 2}},
-    )
-    sim.outage("a", 60)
-    call = call_for(router, operation)
-    served = []
-    for _ in range(4):
-        served.append(get_report(await call("g")).served_group)  # type: ignore[union-attr]
-    assert served == ["backup"] * 4
-    assert router.breakers()["a"]["state"] == "open"
-    sent = sim.count("a")
-    await call("g")
-    assert sim.count("a") == sent  # an open breaker sends nothing
-
-
-@pytest.mark.parametrize("operation", OPERATIONS)
-async def test_silent_provider_is_bounded_by_the_attempt_timeout(build, sim, operation):
-    router = build(
-        operation,
-        {"g": ["a"], "backup": ["b"]},
-        fallbacks=[{"g": ["backup"]}],
-        policy={"deadline": 5, "attempt_timeout": 1},
-        clock=Clock(),
-    )
-    sim.set_default("a", Fault.silence(max_hold=10))
-    t0 = time.monotonic()
-    resp = await call_for(router, operation)("g")
-    assert time.monotonic() - t0 < 2.5
-    rep = get_report(resp)
-    assert rep is not None and rep.served_group == "backup"
-    assert rep.attempts[0].error_class is ErrorClass.TIMEOUT
-    assert sim.count("a") == 1
-
-
-@pytest.mark.parametrize("operation", OPERATIONS)
-async def test_budget_refusal_sends_nothing(build, sim, operation):
-    guard = CostGuard([Budget.per_request(1e-9)])
-    router = build(operation, {"g": ["a"]}, guards=[guard])
-    with pytest.raises(BudgetExceededError):
-        await call_for(router, operation)(
-            "g", max_tokens=50
-        ) if operation == "text_completion" else await call_for(router, operation)("g")
-    assert sim.count() == 0
 
 
 async def test_cost_guard_settles_embeddings_and_images_from_what_was_served(build, sim):
